@@ -1,0 +1,114 @@
+"""Every hook of Reveal plugins, grouped by phase (like pytest's ``hookspec.py``).
+
+Phases, left to right along the data flow:
+
+1. probe registration   -- which probes the agent samples;
+2. run lifecycle        -- a run (job, launch, record) starts/ends, steps start/end;
+3. analysis             -- the analysis entry point, detectors and hint rules;
+4. sinks                -- a finished report (or a live finding) leaves the process.
+
+Built-in probes, detectors, hint rules and sinks are plugins registered through these same
+hooks; a site adds its own through the entry-point group ``reveal_plugins`` (see
+:mod:`reveal_plugins.hooks.manager`).  Hook implementations must not raise for ordinary
+failures: callers isolate them anyway (one broken plugin never stops the others), but a
+plugin that wants its failure to be visible should log it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..telemetry.probe import Probe
+    from ..types import RunInfo
+
+PROJECT = "reveal_plugins"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -- 1. probe registration -------------------------------------------------------------------
+
+@hookspec
+def reveal_register_probes(config: dict[str, Any]) -> "list[Probe]":
+    """Return the host-level probes this plugin contributes.
+
+    Called once when an agent (or ``reveal probes``) starts.  Each probe reports whether it is
+    available and, if not, a human-readable reason; unavailable probes are listed, never
+    sampled.  ``config`` is the agent configuration (``interval_s`` ...).
+    """
+
+
+@hookspec
+def reveal_register_run_probes(run: "RunInfo", config: dict[str, Any]) -> "list[Probe]":
+    """Return probes scoped to one run (its cgroup, its PIDs), sampled only for that run.
+
+    Called when a run registers with the agent.
+    """
+
+
+# -- 2. run lifecycle ------------------------------------------------------------------------
+
+@hookspec
+def reveal_run_start(run: "RunInfo") -> None:
+    """A run has registered with the agent; its run directory exists."""
+
+
+@hookspec
+def reveal_step_start(run: "RunInfo", step_id: str, t: float) -> None:
+    """A step of ``run`` (a Slurm job step, a torchrun restart round) started at unix time ``t``."""
+
+
+@hookspec
+def reveal_step_end(run: "RunInfo", step_id: str, t: float, exit_code: int | None) -> None:
+    """A step of ``run`` ended at unix time ``t``."""
+
+
+@hookspec
+def reveal_run_end(run: "RunInfo", exit_code: int | None) -> None:
+    """A run unregistered; all its segments are on disk (analysis follows, if configured)."""
+
+
+# -- 3. analysis -----------------------------------------------------------------------------
+
+@hookspec(firstresult=True)
+def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
+    """Analyse a finished run directory and return a report dict (``reveal.report/1``).
+
+    ``firstresult``: the first plugin that returns a report wins.  Returning None means "no
+    analysis available" (then ``reveal record`` only finalizes the run directory).
+    """
+
+
+@hookspec
+def reveal_detectors(config: dict[str, Any]) -> list[Any]:
+    """Return unsupervised detectors: objects with ``name``, ``fit(X)`` and ``score_samples(X)``.
+
+    ``X`` is a (windows x features) float array, robust-scaled; higher scores mean more
+    anomalous.  All returned detectors are fused by the pipeline.
+    """
+
+
+@hookspec
+def reveal_hints(anomaly: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
+    """Return remediation hints for one anomaly (each a dict with ``title``, ``why``,
+    ``action``, ``severity`` in info|warning|critical).  Return ``[]`` when the rule does not
+    apply.  ``context`` holds run metadata and static facts (e.g. PCIe max link width).
+    """
+
+
+# -- 4. sinks --------------------------------------------------------------------------------
+
+@hookspec
+def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any]) -> None:
+    """A report was produced for ``run_dir`` (already written to ``report.json``).
+
+    Sinks (OTel, Slurm job summaries, site databases) consume it here.  Must return quickly
+    (the end of a job waits on this hook): a sink that talks to the network bounds its time.
+    """
+
+
+@hookspec
+def reveal_live_finding(run: "RunInfo", anomaly: dict[str, Any]) -> None:
+    """Live mode found an anomaly in a run that is still going on."""

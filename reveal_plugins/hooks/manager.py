@@ -1,0 +1,83 @@
+"""The plugin manager: built-in plugins first, then third parties from entry points."""
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+from typing import Any
+
+import pluggy
+
+from . import hookspec
+from .hookspec import PROJECT
+
+log = logging.getLogger(__name__)
+
+# Built-in plugins, registered exactly like a site plugin would be.  A module that fails to
+# import (an optional dependency missing) is skipped with a debug message.
+BUILTIN_PLUGINS = (
+    "reveal_plugins.telemetry.builtin_probes",
+    "reveal_plugins.detect.plugin",
+    "reveal_plugins.detect.hints",
+    "reveal_plugins.otel.sink",
+    "reveal_plugins.slurm.sink",
+)
+
+_pm: pluggy.PluginManager | None = None
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the process-wide plugin manager, creating it on first use.
+
+    ``REVEAL_DISABLE_PLUGINS`` (comma-separated plugin names) keeps named plugins out, which
+    is how a site turns off a built-in or a broken third-party plugin without uninstalling it.
+    """
+    global _pm
+    if _pm is None:
+        pm = pluggy.PluginManager(PROJECT)
+        pm.add_hookspecs(hookspec)
+        disabled = {s.strip() for s in os.environ.get("REVEAL_DISABLE_PLUGINS", "").split(",")
+                    if s.strip()}
+        for name in BUILTIN_PLUGINS:
+            if name in disabled:
+                continue
+            try:
+                mod = importlib.import_module(name)
+            except ImportError as e:
+                log.debug("built-in plugin %s not loaded: %s", name, e)
+                continue
+            pm.register(mod, name=name)
+        for name in disabled:
+            pm.set_blocked(name)
+        try:
+            pm.load_setuptools_entrypoints(PROJECT)
+        except Exception as e:  # a broken third-party plugin must not break recording
+            log.warning("could not load third-party plugins from entry points %r: %s", PROJECT, e)
+        _pm = pm
+    return _pm
+
+
+def reset_plugin_manager() -> None:
+    """Forget the manager (tests, or after installing a plugin in-process)."""
+    global _pm
+    _pm = None
+
+
+def call_safely(hook_name: str, **kwargs: Any) -> list[Any]:
+    """Call every implementation of a hook, isolating failures (logged, then skipped).
+
+    Used for lifecycle and sink hooks, where one plugin's bug must never cost the others.
+    """
+    pm = get_plugin_manager()
+    results = []
+    for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
+        argnames = impl.argnames
+        try:
+            r = impl.function(*[kwargs[a] for a in argnames])
+        except Exception as e:
+            log.warning("plugin %s failed in %s: %s: %s", impl.plugin_name, hook_name,
+                        type(e).__name__, e)
+            continue
+        if r is not None:
+            results.append(r)
+    return results

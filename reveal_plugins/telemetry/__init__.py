@@ -1,0 +1,1 @@
+"""Telemetry: probes, the sampling agent, the segment store and channel metadata."""

@@ -1,0 +1,280 @@
+"""The run-directory store (★ contract).
+
+A run directory holds::
+
+    meta.json        run identity, host, probes, channel metadata (name, unit, kind, probe)
+    events.jsonl     lifecycle events, one JSON object a line, each with unix-seconds "t"
+    segments/seg-NNNNNN.parquet   telemetry, Parquet + zstd, at most ~10 s each
+    report.json      after analysis
+
+A segment is written under a temporary name (``.seg-NNNNNN.parquet.tmp``) and renamed when
+complete, so a crash loses at most the open segment.  Counters are stored as int64 with
+DELTA_BINARY_PACKED (cumulative counters compress to almost nothing), gauges as float32 with
+BYTE_STREAM_SPLIT; missing samples are Parquet nulls.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..types import ChannelMeta, Frame, RunInfo
+
+log = logging.getLogger(__name__)
+
+META = "meta.json"
+EVENTS = "events.jsonl"
+REPORT = "report.json"
+SEGMENTS = "segments"
+SEGMENT_RE = re.compile(r"^seg-(\d{6})\.parquet$")
+META_SCHEMA = "reveal.run/1"
+
+
+class StoreError(RuntimeError):
+    """A run directory cannot be written or read; the message names the path."""
+
+
+def _atomic_write(path: str, data: bytes, mode: int = 0o640) -> None:
+    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    os.replace(tmp, path)
+
+
+def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
+    _atomic_write(os.path.join(run_dir, META),
+                  json.dumps(meta, indent=1, sort_keys=True).encode())
+
+
+def read_meta(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, META)
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except FileNotFoundError:
+        raise StoreError(f"{path}: not a run directory (meta.json missing)") from None
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    if not isinstance(meta, dict) or "channels" not in meta:
+        raise StoreError(f"{path}: missing key 'channels'")
+    return meta
+
+
+def append_event(run_dir: str, event: str, t: float | None = None, **fields: Any) -> dict:
+    """Append one lifecycle event to ``events.jsonl`` (one write, so lines never interleave)."""
+    rec = {"t": time.time() if t is None else float(t), "event": event, **fields}
+    line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
+    fd = os.open(os.path.join(run_dir, EVENTS),
+                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+    return rec
+
+
+def read_events(run_dir: str, warnings: list[str] | None = None) -> list[dict[str, Any]]:
+    path = os.path.join(run_dir, EVENTS)
+    out: list[dict[str, Any]] = []
+    try:
+        f = open(path)
+    except FileNotFoundError:
+        return out
+    with f:
+        for n, line in enumerate(f, 1):
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                rec = json.loads(line)
+                float(rec["t"])
+            except (ValueError, KeyError, TypeError) as e:
+                msg = f"{path}:{n}: skipped invalid event line ({type(e).__name__}: {e})"
+                log.warning(msg)
+                if warnings is not None:
+                    warnings.append(msg)
+                continue
+            out.append(rec)
+    return out
+
+
+class SegmentWriter:
+    """Buffers sample rows for one run and writes a Parquet segment every ``segment_s`` seconds."""
+
+    def __init__(self, run_dir: str, channels: list[ChannelMeta], segment_s: float = 10.0,
+                 file_mode: int = 0o640):
+        self.run_dir = run_dir
+        self.dir = os.path.join(run_dir, SEGMENTS)
+        os.makedirs(self.dir, mode=0o750, exist_ok=True)
+        self.channels = channels
+        self.segment_s = segment_s
+        self.file_mode = file_mode
+        self._t: list[float] = []
+        self._rows: list[np.ndarray] = []
+        self._first_t: float | None = None
+        self.seq = self._next_seq()
+        self.bytes_written = 0
+        self.samples_written = 0
+        counters = [i for i, c in enumerate(channels) if c.kind == "counter"]
+        self._counter_idx = np.array(counters, dtype=np.intp)
+        fields = [pa.field("t", pa.float64())]
+        encodings = {"t": "BYTE_STREAM_SPLIT"}
+        for c in channels:
+            if c.kind == "counter":
+                fields.append(pa.field(c.name, pa.int64()))
+                encodings[c.name] = "DELTA_BINARY_PACKED"
+            else:
+                fields.append(pa.field(c.name, pa.float32()))
+                encodings[c.name] = "BYTE_STREAM_SPLIT"
+        self.schema = pa.schema(fields, metadata={b"reveal": META_SCHEMA.encode()})
+        self._encodings = encodings
+
+    def _next_seq(self) -> int:
+        seqs = [int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(self.dir)) if m]
+        return max(seqs, default=0) + 1
+
+    def add(self, t: float, row: np.ndarray) -> None:
+        """Add one sample row (len == len(channels)); flushes when the segment is full."""
+        if self._first_t is None:
+            self._first_t = t
+        self._t.append(t)
+        self._rows.append(row)
+        if t - self._first_t >= self.segment_s - 1e-9:
+            self.flush()
+
+    def flush(self) -> str | None:
+        if not self._t:
+            return None
+        values = np.vstack(self._rows)
+        t = np.asarray(self._t, dtype=np.float64)
+        self._t, self._rows, self._first_t = [], [], None
+        arrays = [pa.array(t)]
+        is_counter = np.zeros(len(self.channels), bool)
+        is_counter[self._counter_idx] = True
+        nan = np.isnan(values)
+        for j in range(len(self.channels)):
+            col = values[:, j]
+            mask = nan[:, j]
+            if is_counter[j]:
+                arrays.append(pa.array(np.where(mask, 0, col).astype(np.int64),
+                                       mask=mask if mask.any() else None))
+            else:
+                arrays.append(pa.array(col.astype(np.float32), mask=mask if mask.any() else None))
+        table = pa.Table.from_arrays(arrays, schema=self.schema)
+        name = f"seg-{self.seq:06d}.parquet"
+        final = os.path.join(self.dir, name)
+        tmp = os.path.join(self.dir, "." + name + ".tmp")
+        try:
+            pq.write_table(table, tmp, compression="zstd", compression_level=3,
+                           use_dictionary=False, column_encoding=self._encodings,
+                           write_statistics=False)
+            os.chmod(tmp, self.file_mode)
+            os.replace(tmp, final)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        self.seq += 1
+        self.bytes_written += os.path.getsize(final)
+        self.samples_written += len(t)
+        return final
+
+
+@dataclass
+class RunData:
+    """What a run directory holds, loaded: metadata, the sample frame, events, load warnings."""
+
+    run_dir: str
+    meta: dict[str, Any]
+    frame: Frame
+    events: list[dict[str, Any]]
+    warnings: list[str] = field(default_factory=list)
+    segments: int = 0
+    bytes_stored: int = 0
+
+    @property
+    def run(self) -> RunInfo:
+        return RunInfo.from_dict(self.meta["run"])
+
+
+def segment_paths(run_dir: str) -> list[str]:
+    d = os.path.join(run_dir, SEGMENTS)
+    try:
+        names = sorted(n for n in os.listdir(d) if SEGMENT_RE.match(n))
+    except FileNotFoundError:
+        return []
+    return [os.path.join(d, n) for n in names]
+
+
+def load_run(run_dir: str, channels: Iterable[str] | None = None) -> RunData:
+    """Load a run directory.  Corrupt segments and leftover temporary files are skipped with a
+    warning (recorded in ``RunData.warnings``); a missing ``meta.json`` raises StoreError."""
+    meta = read_meta(run_dir)
+    warnings: list[str] = []
+    chans = [ChannelMeta.from_dict(c) for c in meta["channels"]]
+    if channels is not None:
+        want = set(channels)
+        chans = [c for c in chans if c.name in want]
+    names = [c.name for c in chans]
+    seg_dir = os.path.join(run_dir, SEGMENTS)
+    if os.path.isdir(seg_dir):
+        for n in sorted(os.listdir(seg_dir)):
+            if n.endswith(".tmp"):
+                msg = (f"{os.path.join(seg_dir, n)}: ignored unfinished segment "
+                       "(the writer stopped before renaming it)")
+                log.warning(msg)
+                warnings.append(msg)
+    ts: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    nbytes = 0
+    nseg = 0
+    for path in segment_paths(run_dir):
+        try:
+            table = pq.read_table(path)
+        except Exception as e:  # corrupt or truncated file: keep going with the others
+            msg = f"{path}: skipped unreadable segment ({type(e).__name__}: {e})"
+            log.warning(msg)
+            warnings.append(msg)
+            continue
+        nseg += 1
+        nbytes += os.path.getsize(path)
+        cols = set(table.column_names)
+        if "t" not in cols:
+            msg = f"{path}: skipped segment without a 't' column"
+            warnings.append(msg)
+            continue
+        t = table.column("t").to_numpy()
+        block = np.full((len(t), len(names)), np.nan)
+        for j, name in enumerate(names):
+            if name in cols:
+                block[:, j] = table.column(name).to_numpy(zero_copy_only=False).astype(
+                    np.float64)
+        ts.append(t)
+        blocks.append(block)
+    if ts:
+        t = np.concatenate(ts)
+        values = np.vstack(blocks)
+        order = np.argsort(t, kind="stable")
+        t, values = t[order], values[order]
+    else:
+        t, values = np.zeros(0), np.zeros((0, len(names)))
+    events = read_events(run_dir, warnings)
+    return RunData(run_dir, meta, Frame(t, values, chans), events, warnings, nseg, nbytes)
