@@ -48,6 +48,18 @@ def reveal_register_run_probes(run: "RunInfo", config: dict[str, Any]) -> "list[
     """
 
 
+@hookspec
+def reveal_agent_started(agent: Any) -> None:
+    """A node agent started sampling.  ``agent.latest()`` returns ``(t, {channel: value})`` of the
+    newest host sample and ``agent.runs()`` the registered RunInfo objects; live exporters (OTel
+    metrics) attach here.  Must not block."""
+
+
+@hookspec
+def reveal_agent_stopping(agent: Any) -> None:
+    """The agent is about to stop (flush and shut down exporters within ~1 s)."""
+
+
 # -- 2. run lifecycle ------------------------------------------------------------------------
 
 @hookspec
