@@ -8,7 +8,8 @@ from typing import Any
 
 import pluggy
 
-from . import hookspec
+import sys
+
 from .hookspec import PROJECT
 
 log = logging.getLogger(__name__)
@@ -35,7 +36,9 @@ def get_plugin_manager() -> pluggy.PluginManager:
     global _pm
     if _pm is None:
         pm = pluggy.PluginManager(PROJECT)
-        pm.add_hookspecs(hookspec)
+        # The package re-exports the ``hookspec`` marker under the module's name, so take the
+        # module itself from sys.modules.
+        pm.add_hookspecs(sys.modules["reveal_plugins.hooks.hookspec"])
         disabled = {s.strip() for s in os.environ.get("REVEAL_DISABLE_PLUGINS", "").split(",")
                     if s.strip()}
         for name in BUILTIN_PLUGINS:
