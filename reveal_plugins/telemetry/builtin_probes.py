@@ -1,0 +1,38 @@
+"""The built-in probes, registered through the same hooks a site plugin uses."""
+from __future__ import annotations
+
+import importlib
+import logging
+from typing import Any
+
+from ..hooks import hookimpl
+from ..types import RunInfo
+from .procfs import PROCFS_PROBES
+from .psi import psi_probes
+
+log = logging.getLogger(__name__)
+
+
+def _optional(module: str, factory: str, *args: Any, **kwargs: Any) -> list:
+    """Probes whose module may not exist yet or needs an optional library."""
+    try:
+        mod = importlib.import_module(f"reveal_plugins.telemetry.{module}")
+    except ImportError as e:
+        log.debug("probe module %s not loaded: %s", module, e)
+        return []
+    f = getattr(mod, factory, None)
+    if f is None:
+        return []
+    made = f(*args, **kwargs)
+    return list(made) if isinstance(made, (list, tuple)) else [made]
+
+
+@hookimpl
+def reveal_register_probes(config: dict[str, Any]) -> list:
+    probes = [cls() for cls in PROCFS_PROBES] + psi_probes()
+    return probes
+
+
+@hookimpl
+def reveal_register_run_probes(run: RunInfo, config: dict[str, Any]) -> list:
+    return []

@@ -1,0 +1,279 @@
+"""Host probes from procfs: per-core CPU, memory, vmstat, disks, network interfaces, TCP/IP
+counters, load and process counts.  Each reads one file with one ``pread`` per sample."""
+from __future__ import annotations
+
+import os
+from typing import Callable
+
+from ..types import ChannelMeta
+from .probe import Probe, TokenFile
+
+PROC = os.environ.get("REVEAL_PROC", "/proc")
+
+CPU_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal", "guest",
+              "guest_nice")
+
+
+class TokenFileProbe(Probe):
+    """A probe backed by one :class:`TokenFile`; subclasses give the path, layout and metadata."""
+
+    path = ""
+    bufsize = 1 << 14
+
+    def layout(self, toks: list[bytes]) -> list[tuple[int, str]]:
+        raise NotImplementedError
+
+    def meta(self, key: str) -> ChannelMeta:
+        raise NotImplementedError
+
+    transform: Callable[[bytes], bytes] | None = None
+
+    def open(self) -> None:
+        try:
+            self.file = TokenFile(os.path.join(PROC, self.path), self.layout, self.transform,
+                                  self.bufsize)
+        except OSError as e:
+            self._unavailable(f"cannot read {os.path.join(PROC, self.path)}: {e.strerror}")
+            return
+        if not self.file.keys:
+            self._unavailable(f"{os.path.join(PROC, self.path)} holds no values to sample")
+            return
+        self._ready([self.meta(k) for k in self.file.keys])
+
+    def sample(self) -> list[float]:
+        return self.file.read()
+
+    def close(self) -> None:
+        if getattr(self, "file", None):
+            self.file.close()
+
+
+class CpuStatProbe(TokenFileProbe):
+    """/proc/stat: per-core and total CPU time by state (ticks), context switches, interrupts,
+    forks, runnable and blocked task counts."""
+
+    name = "procfs.stat"
+    path = "stat"
+
+    def layout(self, toks):
+        out = []
+        for i, tok in enumerate(toks):
+            if tok.startswith(b"cpu"):
+                who = "all" if tok == b"cpu" else "core" + tok[3:].decode()
+                for j, f in enumerate(CPU_FIELDS):
+                    if i + 1 + j < len(toks) and toks[i + 1 + j].isdigit():
+                        out.append((i + 1 + j, f"cpu.{who}.{f}"))
+            elif tok in (b"ctxt", b"processes", b"procs_running", b"procs_blocked", b"intr"):
+                out.append((i + 1, {b"ctxt": "system.ctxt", b"processes": "system.forks",
+                                    b"procs_running": "cpu.procs_running",
+                                    b"procs_blocked": "storage.procs_blocked",
+                                    b"intr": "system.intr"}[tok]))
+        return out
+
+    def meta(self, key):
+        if key.startswith("cpu.") and key.count(".") == 2 and key != "cpu.procs_running":
+            return ChannelMeta(key, "ticks", "counter", self.name,
+                               "CPU time in this state (USER_HZ ticks)")
+        if key in ("cpu.procs_running", "storage.procs_blocked"):
+            return ChannelMeta(key, "tasks", "gauge", self.name,
+                               "runnable tasks (run queue)" if "running" in key
+                               else "tasks blocked in uninterruptible (I/O) wait")
+        return ChannelMeta(key, "count", "counter", self.name)
+
+
+class MeminfoProbe(TokenFileProbe):
+    """/proc/meminfo: every field, in kB (page counts for HugePages_*)."""
+
+    name = "procfs.meminfo"
+    path = "meminfo"
+
+    def layout(self, toks):
+        return [(i + 1, "memory." + t[:-1].decode().replace("(", "_").replace(")", ""))
+                for i, t in enumerate(toks) if t.endswith(b":")]
+
+    def meta(self, key):
+        unit = "pages" if "HugePages_" in key else "kB"
+        return ChannelMeta(key, unit, "gauge", self.name)
+
+
+# The vmstat/netstat fields that tell about paging, reclaim, swapping, faults, NUMA and TCP loss.
+# The files hold ~200 and ~150 mostly idle fields; sampling only these keeps the 10 Hz cost low.
+VMSTAT_PREFIXES = (b"pgpg", b"pswp", b"pgfault", b"pgmajfault", b"pgscan_", b"pgsteal_",
+                   b"allocstall", b"compact_stall", b"oom_kill", b"workingset_refault",
+                   b"thp_fault_alloc", b"numa_hit", b"numa_miss", b"numa_foreign",
+                   b"nr_dirty", b"nr_writeback", b"nr_free_pages", b"pgrefill", b"drop_")
+NETSTAT_KEEP = {"TCPTimeouts", "TCPLostRetransmit", "TCPFastRetrans", "TCPSlowStartRetrans",
+                "TCPRetransFail", "TCPSynRetrans", "ListenDrops", "ListenOverflows",
+                "TCPBacklogDrop", "TCPRcvQDrop", "TCPZeroWindowDrop", "TCPOFOQueue",
+                "DelayedACKs", "TCPSpuriousRTOs", "TCPAbortOnTimeout", "PruneCalled", "RcvPruned",
+                "TCPMemoryPressures", "TCPLossProbes", "TCPDSACKRecv", "InOctets", "OutOctets",
+                "InNoRoutes", "InDiscards", "InCsumErrors"}
+
+
+class VmstatProbe(TokenFileProbe):
+    """/proc/vmstat: paging, swapping, reclaim and fault counters (``nr_*`` are gauges)."""
+
+    name = "procfs.vmstat"
+    path = "vmstat"
+
+    def layout(self, toks):
+        return [(i + 1, "memory.vm." + toks[i].decode()) for i in range(0, len(toks) - 1, 2)
+                if toks[i].startswith(VMSTAT_PREFIXES)]
+
+    def meta(self, key):
+        k = key.rsplit(".", 1)[1]
+        gauge = k.startswith("nr_") and not k.startswith("nr_unaccepted") or k.endswith("_high")
+        return ChannelMeta(key, "pages" if gauge else "count", "gauge" if gauge else "counter",
+                           self.name)
+
+
+DISK_FIELDS = ("reads", "reads_merged", "read_sectors", "read_ms", "writes", "writes_merged",
+               "write_sectors", "write_ms", "in_flight", "io_ms", "weighted_io_ms",
+               "discards", "discards_merged", "discard_sectors", "discard_ms", "flushes",
+               "flush_ms")
+DISK_SKIP = ("loop", "ram", "zram", "sr", "fd")
+
+
+class DiskstatsProbe(TokenFileProbe):
+    """/proc/diskstats: per block device I/O counts, sectors, time spent, queue depth."""
+
+    name = "procfs.diskstats"
+    path = "diskstats"
+
+    def layout(self, toks):
+        out = []
+        # Lines are "major minor name f1..fN"; N is 11, 15 or 17 depending on the kernel.
+        # Find line starts as positions where tokens i, i+1 are digits and i+2 is a name.
+        i = 0
+        n = len(toks)
+        while i + 3 < n:
+            name = toks[i + 2].decode()
+            j = i + 3
+            while j < n and toks[j].isdigit() and not (
+                    j + 2 < n and toks[j + 1].isdigit() and not toks[j + 2].isdigit()
+                    and j - i - 3 >= 11):
+                j += 1
+            nfields = j - (i + 3)
+            if nfields < 11:
+                break
+            if not name.startswith(DISK_SKIP):
+                for k in range(min(nfields, len(DISK_FIELDS))):
+                    out.append((i + 3 + k, f"storage.{name}.{DISK_FIELDS[k]}"))
+            i = j
+        return out
+
+    def meta(self, key):
+        f = key.rsplit(".", 1)[1]
+        if f == "in_flight":
+            return ChannelMeta(key, "requests", "gauge", self.name, "I/Os in flight")
+        unit = "ms" if f.endswith("_ms") else ("sectors" if f.endswith("sectors") else "count")
+        return ChannelMeta(key, unit, "counter", self.name)
+
+
+NETDEV_FIELDS = ("rx_bytes", "rx_packets", "rx_errs", "rx_drop", "rx_fifo", "rx_frame",
+                 "rx_compressed", "rx_multicast", "tx_bytes", "tx_packets", "tx_errs", "tx_drop",
+                 "tx_fifo", "tx_colls", "tx_carrier", "tx_compressed")
+
+
+class NetDevProbe(TokenFileProbe):
+    """/proc/net/dev: per interface bytes, packets, errors and drops."""
+
+    name = "procfs.netdev"
+    path = "net/dev"
+
+    @staticmethod
+    def transform(data: bytes) -> bytes:  # "eth0:123" has no space on some kernels
+        return data.replace(b":", b": ")
+
+    def layout(self, toks):
+        out = []
+        for i, t in enumerate(toks):
+            if t.endswith(b":") and i + 16 < len(toks):
+                name = t[:-1].decode()
+                for k, f in enumerate(NETDEV_FIELDS):
+                    out.append((i + 1 + k, f"network.{name}.{f}"))
+        return out
+
+    def meta(self, key):
+        f = key.rsplit(".", 1)[1]
+        return ChannelMeta(key, "bytes" if f.endswith("bytes") else "count", "counter",
+                           self.name)
+
+
+SNMP_GAUGES = {"Forwarding", "DefaultTTL", "RtoAlgorithm", "RtoMin", "RtoMax", "MaxConn",
+               "CurrEstab"}
+SNMP_KEEP = {"Ip", "Tcp", "Udp", "TcpExt", "IpExt", "Icmp"}
+
+
+class _PairedHeaderProbe(TokenFileProbe):
+    """Files made of "Proto: name name ..." / "Proto: value value ..." line pairs."""
+
+    bufsize = 1 << 15
+
+    def layout(self, toks):
+        out = []
+        # Walk tokens; a prefix token like b"Tcp:" starts a header or a value line.
+        starts = [i for i, t in enumerate(toks) if t.endswith(b":")]
+        k = 0
+        while k + 1 < len(starts):
+            h, v = starts[k], starts[k + 1]
+            if toks[h] == toks[v]:
+                proto = toks[h][:-1].decode()
+                end = starts[k + 2] if k + 2 < len(starts) else len(toks)
+                names = toks[h + 1:v]
+                if proto in SNMP_KEEP:
+                    for n, name in enumerate(names):
+                        if v + 1 + n < end and self.keep(name.decode()):
+                            out.append((v + 1 + n, f"network.{proto.lower()}.{name.decode()}"))
+                k += 2
+            else:
+                k += 1
+        return out
+
+    def keep(self, name: str) -> bool:
+        return True
+
+    def meta(self, key):
+        f = key.rsplit(".", 1)[1]
+        if f in SNMP_GAUGES:
+            return ChannelMeta(key, "count", "gauge", self.name)
+        return ChannelMeta(key, "count", "counter", self.name)
+
+
+class SnmpProbe(_PairedHeaderProbe):
+    """/proc/net/snmp: IP, TCP (incl. RetransSegs), UDP, ICMP counters."""
+
+    name = "procfs.snmp"
+    path = "net/snmp"
+
+
+class NetstatProbe(_PairedHeaderProbe):
+    """/proc/net/netstat: TcpExt (timeouts, retransmit kinds, drops) and IpExt counters."""
+
+    name = "procfs.netstat"
+    path = "net/netstat"
+
+    def keep(self, name: str) -> bool:
+        return name in NETSTAT_KEEP
+
+
+class LoadavgProbe(TokenFileProbe):
+    """/proc/loadavg: load averages and process/thread counts."""
+
+    name = "procfs.loadavg"
+    path = "loadavg"
+
+    @staticmethod
+    def transform(data: bytes) -> bytes:
+        return data.replace(b"/", b" ")
+
+    def layout(self, toks):
+        keys = ["cpu.load1", "cpu.load5", "cpu.load15", "system.nr_running", "system.nr_threads"]
+        return list(zip(range(len(keys)), keys)) if len(toks) >= 5 else []
+
+    def meta(self, key):
+        return ChannelMeta(key, "tasks", "gauge", self.name)
+
+
+PROCFS_PROBES = (CpuStatProbe, MeminfoProbe, VmstatProbe, DiskstatsProbe, NetDevProbe, SnmpProbe,
+                 NetstatProbe, LoadavgProbe)
