@@ -59,7 +59,7 @@ def _atomic_write(path: str, data: bytes, mode: int = 0o640) -> None:
 
 def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
     _atomic_write(os.path.join(run_dir, META),
-                  json.dumps(meta, indent=1, sort_keys=True).encode())
+                  json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
 
 
 def read_meta(run_dir: str) -> dict[str, Any]:

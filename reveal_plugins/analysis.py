@@ -1,0 +1,71 @@
+"""Analysis of a finished run: the ``reveal_analyze`` hook, ``report.json``, then the sinks.
+
+Shared by ``reveal record``, ``reveal analyze``, ``reveal-torchrun`` and the Slurm epilog, so a
+report is produced and published the same way whatever the source.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any
+
+from .hooks import call_safely, get_plugin_manager
+from .telemetry import store
+
+log = logging.getLogger(__name__)
+
+
+class AnalysisUnavailable(RuntimeError):
+    """No plugin implements ``reveal_analyze`` (detection not installed or disabled)."""
+
+
+def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
+                        baseline: str | None = None, publish: bool = True) -> dict[str, Any]:
+    """Analyse ``run_dir``, write ``report.json`` atomically and hand the report to the sinks.
+
+    Raises :class:`AnalysisUnavailable` when no analysis plugin is present and
+    :class:`reveal_plugins.telemetry.store.StoreError` when ``run_dir`` is not a run directory.
+    Sink failures are logged, never raised.
+    """
+    cfg = dict(config or {})
+    if baseline:
+        cfg["baseline"] = baseline
+    store.read_meta(run_dir)  # a clear error for a wrong directory, before any plugin runs
+    pm = get_plugin_manager()
+    report = pm.hook.reveal_analyze(run_dir=run_dir, config=cfg)
+    if report is None:
+        raise AnalysisUnavailable("no analysis plugin is installed (reveal_analyze returned "
+                                  "nothing)")
+    data = json.dumps(report, indent=1, sort_keys=False, default=_json_default).encode()
+    try:
+        store._atomic_write(os.path.join(run_dir, store.REPORT), data)
+    except OSError as e:
+        log.error("cannot write %s: %s", os.path.join(run_dir, store.REPORT), e)
+        report.setdefault("notes", []).append(f"report.json not written: {e}")
+    if publish:
+        call_safely("reveal_report_ready", report=report, run_dir=run_dir, config=cfg)
+    return report
+
+
+def _json_default(o: Any) -> Any:
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    return str(o)
+
+
+def summary_text(report: dict[str, Any], run_dir: str | None = None,
+                 color: bool | None = None) -> str:
+    """The one-screen summary: the report renderer when installed, else the report's summary."""
+    try:
+        from .report.text import render_text
+    except ImportError:
+        return str(report.get("summary", ""))
+    try:
+        return render_text(report, color=color, run_dir=run_dir)
+    except Exception as e:  # a rendering bug must not hide the findings
+        log.warning("text rendering failed (%s: %s); showing the plain summary",
+                    type(e).__name__, e)
+        return str(report.get("summary", ""))

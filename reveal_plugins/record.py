@@ -1,0 +1,87 @@
+"""``reveal record [--out DIR] [--interval S] [--live] -- CMD...``: run CMD under telemetry."""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+
+from .recording import Recording, validate_interval
+
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGINT)
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="reveal record",
+        description="Run CMD under hardware telemetry, analyse the run and print the summary. "
+                    "Exits with CMD's exit code.")
+    ap.add_argument("--out", metavar="DIR", help="run directory (default "
+                    "./reveal-runs/<time>-<host>-<pid>)")
+    ap.add_argument("--interval", metavar="S", default="0.1",
+                    help="sampling interval in seconds (0.01-60, default 0.1)")
+    ap.add_argument("--live", action="store_true", help="also detect while the run goes on")
+    ap.add_argument("--no-analyze", action="store_true", help="only record")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        ap.error("no command given (usage: reveal record [options] -- CMD...)")
+    if cmd[0].startswith("-") and args.cmd[:1] != ["--"]:
+        ap.error(f"unknown option {cmd[0]!r}")
+    try:
+        interval = validate_interval(args.interval)
+    except ValueError as e:
+        ap.error(f"--interval: {e}")
+    with Recording(out=args.out, interval_s=interval, source="local", command=cmd,
+                   live=args.live, analyze=not args.no_analyze) as rec:
+        rc = run_forwarding_signals(cmd)
+        rec.exit_code = rc
+    return rc
+
+
+def run_forwarding_signals(cmd: list[str]) -> int:
+    """Run ``cmd``, forwarding signals sent to us; return its exit code (128+N if killed by N).
+
+    Ctrl-C on a terminal already reaches the child (same foreground process group), so SIGINT
+    is forwarded only when we are not the terminal's foreground group.
+    """
+    try:
+        proc = subprocess.Popen(cmd)
+    except OSError as e:
+        print(f"reveal record: cannot run {cmd[0]!r}: {e.strerror}", file=sys.stderr)
+        return 127 if isinstance(e, FileNotFoundError) else 126
+
+    def tty_foreground() -> bool:
+        try:
+            return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+        except (OSError, ValueError, AttributeError):
+            return False
+
+    def forward(signum, frame):
+        if signum == signal.SIGINT and tty_foreground():
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    old = {s: signal.signal(s, forward) for s in FORWARDED}
+    try:
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # pragma: no cover - handler replaces default
+                continue
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    return 128 - rc if rc < 0 else rc

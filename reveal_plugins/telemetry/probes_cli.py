@@ -1,0 +1,57 @@
+"""``reveal probes [--json]``: which probes work on this node, and why the others do not."""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..hooks import call_safely
+from ..types import RunInfo
+
+
+def probe_inventory(include_run: bool = True) -> list[dict]:
+    rows = []
+    for batch in call_safely("reveal_register_probes", config={}):
+        for p in batch:
+            try:
+                p.open()
+            except Exception as e:
+                p.available, p.reason = False, f"open() failed: {type(e).__name__}: {e}"
+            rows.append(dict(p.describe(), scope="host",
+                             subsystems=sorted({c.subsystem for c in p.channels})))
+            p.close()
+    if include_run:
+        me = RunInfo(run_id="probe-check", run_dir="", pids=[os.getpid()], uid=os.getuid())
+        for batch in call_safely("reveal_register_run_probes", run=me, config={}):
+            for p in batch:
+                try:
+                    p.open()
+                except Exception as e:
+                    p.available, p.reason = False, f"open() failed: {type(e).__name__}: {e}"
+                rows.append(dict(p.describe(), scope="run",
+                                 subsystems=sorted({c.subsystem for c in p.channels})))
+                p.close()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="reveal probes",
+                                 description="List probes, availability and channel counts.")
+    ap.add_argument("--json", action="store_true", help="machine-readable output")
+    args = ap.parse_args(argv)
+    rows = probe_inventory()
+    if args.json:
+        json.dump(rows, sys.stdout, indent=1)
+        print()
+        return 0
+    width = max(len(r["name"]) for r in rows) if rows else 10
+    total = 0
+    for r in rows:
+        state = "ok" if r["available"] else "--"
+        total += r["channels"]
+        detail = f"{r['channels']:4d} channels" if r["available"] else f"unavailable: {r['reason']}"
+        print(f"{state}  {r['name']:<{width}}  {r['scope']:<4}  {detail}")
+    avail = sum(r["available"] for r in rows)
+    print(f"\n{avail}/{len(rows)} probes available, {total} channels")
+    return 0

@@ -1,0 +1,269 @@
+"""Creating run directories safely when the agent runs as root (Slurm nodes).
+
+Called by the agent whenever a run registers (``create_run_dir``) and by root hooks that write
+into a run directory afterwards (``write_file``).  The permission model, and why:
+
+* The spool (``<spool>``) is root-owned and not writable by group/other; ``<spool>/jobs`` is
+  ``0711`` so users can reach their own job by id but cannot list other users' jobs.
+* A job's directory and its run directory are owned by root, mode ``0750`` with group root,
+  plus a POSIX ACL entry ``user:<job uid>:r-x`` (and, on the run directory, the same entry as a
+  default ACL, so every file the agent creates there inherits ``user:<uid>:r--``).  Only root
+  and the job's user can read; users who share the job user's primary group cannot, and
+  nobody but root can write, so a user can never plant a file or a symlink where root writes.
+  ACLs are set through the ``system.posix_acl_*`` extended attributes (no ``setfacl``
+  needed; ext4, xfs and tmpfs support them).
+* Where the file system has no ACLs (some NFS exports) the run directory falls back to group
+  ownership ``root:<primary gid>`` with mode ``2750`` -- but only when that group is the
+  user's private group (no other member, no other account with it as primary group);
+  otherwise it stays root-only (``0700``) and a warning says why the user cannot read it.
+* Root never follows a path component it did not check: every directory below the spool is
+  opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's descriptor (openat-style),
+  must be owned by root and not writable by others, and ownership and modes are changed
+  through the descriptor (``fchown``/``fchmod``), never by path.  Paths outside the spool are
+  refused for runs of other users.
+"""
+from __future__ import annotations
+
+import errno
+import grp
+import logging
+import os
+import pwd
+import stat
+import struct
+import time
+
+log = logging.getLogger("reveal.rundir")
+
+# POSIX ACL extended-attribute encoding (linux/posix_acl_xattr.h).
+_ACL_VERSION = 2
+_USER_OBJ, _USER, _GROUP_OBJ, _GROUP, _MASK, _OTHER = 0x01, 0x02, 0x04, 0x08, 0x10, 0x20
+_UNDEFINED_ID = 0xFFFFFFFF
+_XATTR_ACCESS = "system.posix_acl_access"
+_XATTR_DEFAULT = "system.posix_acl_default"
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class RunDirError(OSError):
+    """A run directory cannot be created safely; the message names the path and the reason."""
+
+
+def _acl(uid: int) -> bytes:
+    """ACL ``u::rwx, u:<uid>:r-x, g::r-x, m::r-x, o::---``."""
+    entries = [(_USER_OBJ, 7, _UNDEFINED_ID), (_USER, 5, uid), (_GROUP_OBJ, 5, _UNDEFINED_ID),
+               (_MASK, 5, _UNDEFINED_ID), (_OTHER, 0, _UNDEFINED_ID)]
+    return struct.pack("<I", _ACL_VERSION) + b"".join(struct.pack("<HHI", *e) for e in entries)
+
+
+def acl_users(path_or_fd: str | int) -> list[int]:
+    """The uids named in a file's access ACL ([] when it has none or ACLs are unsupported)."""
+    try:
+        blob = os.getxattr(path_or_fd, _XATTR_ACCESS)
+    except OSError:
+        return []
+    out = []
+    for off in range(4, len(blob) - 7, 8):
+        tag, _perm, ident = struct.unpack_from("<HHI", blob, off)
+        if tag == _USER:
+            out.append(ident)
+    return out
+
+
+def _private_group(uid: int, gid: int) -> bool:
+    """True when ``gid`` is a user-private group: no other member, no other account's primary."""
+    try:
+        g = grp.getgrgid(gid)
+        name = pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return False
+    if any(m != name for m in g.gr_mem):
+        return False
+    return not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+
+
+def _grant(fd: int, path: str, uid: int, gid: int | None, default: bool) -> str:
+    """Give ``uid`` read access to the directory open at ``fd``; return how ('acl', ...)."""
+    os.fchown(fd, 0, 0)
+    os.fchmod(fd, 0o750)
+    try:
+        os.setxattr(fd, _XATTR_ACCESS, _acl(uid))
+        if default:
+            os.setxattr(fd, _XATTR_DEFAULT, _acl(uid))
+        return "acl"
+    except OSError as e:
+        if e.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.ENOSYS):
+            raise
+    if gid is not None and _private_group(uid, gid):
+        os.fchown(fd, 0, gid)
+        os.fchmod(fd, 0o2750)
+        return "group"
+    os.fchmod(fd, 0o700)
+    log.warning("%s: the file system has no POSIX ACLs and gid %s is not a private group of "
+                "uid %s; the run directory stays readable by root only", path, gid, uid)
+    return "root-only"
+
+
+def _check_trusted(fd: int, path: str, euid: int) -> os.stat_result:
+    st = os.fstat(fd)
+    if st.st_uid != euid:
+        raise RunDirError(errno.EPERM, f"{path}: owned by uid {st.st_uid}, not by uid {euid}; "
+                          "refusing to write into a directory another user controls")
+    if st.st_mode & 0o022:
+        raise RunDirError(errno.EPERM, f"{path}: writable by group/other (mode "
+                          f"{stat.S_IMODE(st.st_mode):04o}); refusing to write into it as root")
+    return st
+
+
+def _spool_of(path: str) -> str | None:
+    """The spool of a Slurm-layout path ``<spool>/jobs/<job>/<host>``, else None."""
+    parts = path.rstrip("/").split("/")
+    if len(parts) >= 4 and parts[-3] == "jobs":
+        return "/".join(parts[:-3]) or "/"
+    return None
+
+
+def _open_spool(spool: str, euid: int) -> int:
+    """Open (creating it root-owned 0755 if missing) and check the spool root."""
+    real = os.path.realpath(spool)
+    try:
+        os.makedirs(real, mode=0o755, exist_ok=True)
+        fd = os.open(real, _DIR_FLAGS)
+    except OSError as e:
+        raise RunDirError(e.errno, f"spool {spool}: {e.strerror}") from None
+    try:
+        _check_trusted(fd, spool, euid)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _move_aside(parent_fd: int, name: str, parent_path: str) -> None:
+    """A stale directory of an earlier job with the same id (ids wrap): keep it, root-only."""
+    new = f".{name}.stale-{time.time_ns()}"
+    os.rename(name, new, src_dir_fd=parent_fd, dst_dir_fd=parent_fd)
+    fd = os.open(new, _DIR_FLAGS, dir_fd=parent_fd)
+    try:
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
+    log.warning("%s/%s belonged to another user (an earlier job with the same id); moved to %s",
+                parent_path, name, new)
+
+
+def create_run_dir(path: str, uid: int | None = None, gid: int | None = None, *,
+                   spool: str | None = None) -> str:
+    """Create the run directory ``path`` for a run of user ``uid`` and return its path.
+
+    Called by the agent when a run registers.  Without a privilege boundary (the caller is not
+    root, or the run is root's own) this is ``makedirs(path, 0o750)``.  As root for another
+    user the path must lie inside ``spool`` (default: the ``<spool>`` of a
+    ``<spool>/jobs/<job>/<host>`` path) and is created with the checks and the ACL described in
+    the module docstring.  Raises :class:`RunDirError` naming the offending path otherwise.
+    """
+    euid = os.geteuid()
+    path = os.path.abspath(path)
+    if uid is not None and gid is None:
+        try:
+            gid = pwd.getpwuid(uid).pw_gid
+        except KeyError:
+            gid = None
+    spool = spool or _spool_of(path)
+    if spool is None:
+        if euid == 0 and uid not in (None, 0):
+            raise RunDirError(errno.EPERM, f"{path}: a root agent creates run directories of "
+                              f"uid {uid} only inside its spool (<spool>/jobs/<job>/<host>)")
+        os.makedirs(path, mode=0o750, exist_ok=True)
+        if os.path.islink(path):
+            raise RunDirError(errno.ELOOP, f"{path}: is a symlink; refusing to use it")
+        return path
+    spool = os.path.abspath(spool)
+    rel = os.path.relpath(path, spool)
+    parts = rel.split(os.sep)
+    if rel == "." or any(p in ("", ".", "..") for p in parts):
+        raise RunDirError(errno.EPERM, f"{path}: outside the spool {spool}; refusing")
+    guarded = euid == 0
+    fd = _open_spool(spool, euid) if guarded else None
+    if not guarded:
+        os.makedirs(path, mode=0o750, exist_ok=True)
+        return path
+    cur = spool
+    try:
+        for i, name in enumerate(parts):
+            depth_from_end = len(parts) - 1 - i        # 0: run dir, 1: job dir, ...
+            cur = os.path.join(cur, name)
+            try:
+                os.mkdir(name, 0o700, dir_fd=fd)
+                created = True
+            except FileExistsError:
+                created = False
+            try:
+                nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise RunDirError(e.errno, f"{cur}: is a symlink or not a directory; "
+                                      "refusing to follow it as root") from None
+                raise RunDirError(e.errno, f"{cur}: {e.strerror}") from None
+            try:
+                _check_trusted(nfd, cur, euid)
+                user_dir = uid not in (None, 0) and depth_from_end <= 1 and len(parts) >= 3
+                if (user_dir and not created and depth_from_end == 1
+                        and any(u != uid for u in acl_users(nfd))):
+                    os.close(nfd)
+                    nfd = -1
+                    _move_aside(fd, name, os.path.dirname(cur))
+                    os.mkdir(name, 0o700, dir_fd=fd)
+                    nfd = os.open(name, _DIR_FLAGS, dir_fd=fd)
+                    _check_trusted(nfd, cur, euid)
+                if user_dir:
+                    _grant(nfd, cur, uid, gid, default=depth_from_end == 0)
+                elif depth_from_end == 0:
+                    os.fchmod(nfd, 0o750)
+                elif created:
+                    # Shared levels (``jobs``): users may traverse to their job, not list others.
+                    os.fchmod(nfd, 0o711)
+            except BaseException:
+                if nfd >= 0:
+                    os.close(nfd)
+                raise
+            os.close(fd)
+            fd = nfd
+    finally:
+        os.close(fd)
+    return os.path.join(os.path.realpath(spool), rel)
+
+
+def write_file(run_dir: str, name: str, data: bytes, mode: int = 0o640) -> str:
+    """Atomically write ``run_dir/name`` as root without following any symlink.
+
+    Used by root hooks (the Slurm summary sink) writing next to the agent's files.  The
+    directory is opened with ``O_NOFOLLOW``; the temporary file is created ``O_EXCL``
+    relative to it and renamed over ``name`` (a symlink planted at ``name`` is replaced,
+    never written through).
+    """
+    if "/" in name or name in ("", ".", ".."):
+        raise ValueError(f"file name {name!r}: must be a plain name")
+    try:
+        dfd = os.open(run_dir, _DIR_FLAGS)
+    except OSError as e:
+        raise RunDirError(e.errno, f"{run_dir}: {e.strerror} (symlinks are not followed)") \
+            from None
+    try:
+        if os.geteuid() == 0:
+            _check_trusted(dfd, run_dir, 0)
+        tmp = f".{name}.{os.getpid()}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     mode, dir_fd=dfd)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except BaseException:
+            try:
+                os.unlink(tmp, dir_fd=dfd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dfd)
+    return os.path.join(run_dir, name)
