@@ -1,0 +1,89 @@
+"""The run-directory store: change-log segments round-trip, crash leftovers are tolerated."""
+import json
+import os
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from reveal_plugins.telemetry import store
+from reveal_plugins.types import ChannelMeta
+
+CH = [ChannelMeta("cpu.all.user", "ticks", "counter", "t"),
+      ChannelMeta("memory.MemFree", "kB", "gauge", "t"),
+      ChannelMeta("network.eth0.rx_bytes", "bytes", "counter", "t")]
+
+
+def _write(d, n=35, segment_s=1.0, seed=0):
+    rng = np.random.default_rng(seed)
+    w = store.SegmentWriter(str(d), CH, segment_s=segment_s)
+    rows = []
+    for i in range(n):
+        row = np.array([i * 7, 1000 + (rng.integers(3) if i % 4 else 0), 5.0])
+        if i == 12:
+            row[1] = np.nan
+        rows.append(row)
+        w.add(1_700_000_000 + i * 0.1, row)
+    w.flush()
+    store.write_meta(str(d), {"channels": [c.to_dict() for c in CH],
+                              "run": {"run_id": "x", "run_dir": str(d)}})
+    return np.vstack(rows), w
+
+
+def test_roundtrip_is_exact_including_missing_values(tmp_path):
+    rows, w = _write(tmp_path)
+    r = store.load_run(str(tmp_path))
+    assert r.frame.values.shape == (35, 3)
+    assert np.allclose(r.frame.values, rows, equal_nan=True)
+    assert np.allclose(r.frame.t, 1_700_000_000 + np.arange(35) * 0.1)
+    assert r.segments == 4 and r.warnings == []
+
+
+def test_segments_are_plain_parquet_with_channel_names(tmp_path):
+    _write(tmp_path)
+    t = pq.read_table(store.segment_paths(str(tmp_path))[0]).to_pydict()
+    assert set(t) == {"channel", "t_ms", "value"}
+    assert {"__sample__", "cpu.all.user", "memory.MemFree"} <= set(t["channel"])
+
+
+def test_unchanged_values_cost_nothing(tmp_path):
+    """A constant channel is stored once per segment, not once per sample."""
+    _, w = _write(tmp_path, n=100, segment_s=100)
+    t = pq.read_table(store.segment_paths(str(tmp_path))[0]).to_pydict()
+    assert t["channel"].count("network.eth0.rx_bytes") == 1
+    assert t["channel"].count("cpu.all.user") == 100
+
+
+def test_crash_leftovers_are_skipped_with_a_warning(tmp_path):
+    _write(tmp_path)
+    seg = os.path.join(tmp_path, "segments")
+    with open(os.path.join(seg, ".seg-000009.parquet.tmp"), "wb") as f:
+        f.write(b"PAR1 truncated")
+    paths = store.segment_paths(str(tmp_path))
+    lost = len(store.read_segment(paths[1], ["cpu.all.user"])[0])
+    with open(paths[1], "r+b") as f:  # corrupt one finished segment
+        f.truncate(40)
+    r = store.load_run(str(tmp_path))
+    assert r.segments == 3
+    assert len(r.frame.t) == 35 - lost
+    assert any("unfinished segment" in w for w in r.warnings)
+    assert any("seg-000002.parquet: skipped unreadable segment" in w for w in r.warnings)
+
+
+def test_missing_or_invalid_meta_names_the_file(tmp_path):
+    with pytest.raises(store.StoreError, match="meta.json missing"):
+        store.load_run(str(tmp_path))
+    (tmp_path / "meta.json").write_text("{\n  bad")
+    with pytest.raises(store.StoreError, match=r"meta.json: invalid JSON at line 2"):
+        store.load_run(str(tmp_path))
+
+
+def test_invalid_event_lines_are_reported_and_others_kept(tmp_path):
+    _write(tmp_path)
+    store.append_event(str(tmp_path), "step_start", 1.0, step_id="0")
+    with open(tmp_path / "events.jsonl", "a") as f:
+        f.write("{not json\n")
+    store.append_event(str(tmp_path), "step_end", 2.0, step_id="0")
+    r = store.load_run(str(tmp_path))
+    assert [e["event"] for e in r.events] == ["step_start", "step_end"]
+    assert any("events.jsonl:2" in w for w in r.warnings)
