@@ -1,0 +1,299 @@
+"""Where OpenTelemetry export goes, read once per export from the environment and a config file.
+
+Sources, highest precedence first:
+
+1. explicit overrides (``reveal otel export --endpoint ...``, or the hook's ``config["otel"]``);
+2. the standard ``OTEL_EXPORTER_OTLP_*`` environment variables (the ``..._TRACES_...`` /
+   ``..._METRICS_...`` variants win over the generic ones), ``OTEL_SERVICE_NAME``,
+   ``OTEL_SDK_DISABLED``;
+3. the ``[otel]`` section of the project's config file: ``$REVEAL_CONFIG`` if set, else
+   ``/etc/reveal/reveal.toml`` if it exists;
+4. defaults.
+
+Export is **off** unless an endpoint is configured somewhere (or ``OTEL_SDK_DISABLED=true`` /
+``[otel] enabled = false`` turns it off explicitly).  Bad values raise :class:`OtelConfigError`
+naming the file or variable, the key and the value.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+DEFAULT_CONFIG_FILE = "/etc/reveal/reveal.toml"
+PROTOCOLS = ("http/protobuf", "grpc")
+COMPRESSIONS = ("none", "gzip")
+DEFAULT_HTTP_PORT = 4318
+DEFAULT_GRPC_PORT = 4317
+
+
+class OtelConfigError(ValueError):
+    """A configuration value is wrong; the message names where it came from, key and value."""
+
+
+@dataclass
+class OtelConfig:
+    """Effective OTLP export settings.
+
+    ``endpoint`` is the *base* URL (``http://collector:4318``); :meth:`signal_endpoint` gives the
+    URL a given signal is sent to.  ``budget_s`` is the most a job end (sink hook) waits for an
+    export; ``timeout_s`` bounds one request when nobody is waiting on it (re-export, metrics).
+    """
+
+    enabled: bool = False
+    endpoint: str | None = None
+    traces_endpoint: str | None = None      # full URL, used as is (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
+    metrics_endpoint: str | None = None
+    protocol: str = "http/protobuf"
+    headers: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 10.0
+    budget_s: float = 1.0
+    compression: str = "none"
+    insecure: bool | None = None             # gRPC only; None = decide from the URL scheme
+    certificate: str | None = None
+    service_name: str = "reveal"
+    resource_attributes: dict[str, str] = field(default_factory=dict)
+    metrics: bool = False                    # live metrics from the node agent
+    metrics_interval_s: float = 10.0
+    max_evidence: int = 5                    # evidence channels put on an anomaly span
+    source: str = "defaults"                 # where the endpoint came from (for messages)
+
+    @property
+    def display_endpoint(self) -> str:
+        """The endpoint traces go to, for log lines."""
+        return self.signal_endpoint("traces") if self.enabled else "(export off)"
+
+    def signal_endpoint(self, signal: str) -> str:
+        """URL (http) or target (grpc) for ``signal`` in ``traces`` | ``metrics``."""
+        explicit = self.traces_endpoint if signal == "traces" else self.metrics_endpoint
+        if explicit:
+            return explicit
+        base = self.endpoint or (f"http://localhost:{DEFAULT_GRPC_PORT}" if self.protocol == "grpc"
+                                 else f"http://localhost:{DEFAULT_HTTP_PORT}")
+        if self.protocol == "grpc":
+            return base
+        return base.rstrip("/") + f"/v1/{signal}"
+
+    def grpc_insecure(self, signal: str = "traces") -> bool:
+        if self.insecure is not None:
+            return self.insecure
+        return not self.signal_endpoint(signal).lower().startswith("https://")
+
+    def replace(self, **kw: Any) -> "OtelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+# -- parsing helpers --------------------------------------------------------------------------
+
+def _bool(where: str, key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise OtelConfigError(f"{where}: {key} = {v!r}: expected true or false")
+
+
+def _float(where: str, key: str, v: Any, minimum: float = 0.0) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        raise OtelConfigError(f"{where}: {key} = {v!r}: expected a number") from None
+    if not f > minimum:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be greater than {minimum:g}")
+    return f
+
+
+def _env_timeout(name: str, raw: str) -> float:
+    """``OTEL_EXPORTER_OTLP_TIMEOUT`` is milliseconds by the OTel specification; older Python
+    SDKs read it as seconds, so a value of at most 60 is taken as seconds."""
+    f = _float(f"environment variable {name}", name, raw)
+    return f if f <= 60 else f / 1000.0
+
+
+def _protocol(where: str, key: str, v: Any) -> str:
+    s = str(v).strip().lower()
+    if s == "http":
+        s = "http/protobuf"
+    if s not in PROTOCOLS:
+        hint = " (http/json is not supported by the Python OTLP exporters)" if s == "http/json" else ""
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be one of {', '.join(PROTOCOLS)}{hint}")
+    return s
+
+
+def _endpoint(where: str, key: str, v: Any) -> str:
+    s = str(v).strip()
+    u = urllib.parse.urlsplit(s)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: expected a URL like http://collector:4318")
+    try:
+        u.port
+    except ValueError:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: bad port") from None
+    return s
+
+
+def parse_headers(where: str, key: str, v: Any) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (URL-encoded values, as in ``OTEL_EXPORTER_OTLP_HEADERS``) or a mapping."""
+    if isinstance(v, Mapping):
+        return {str(k).strip().lower(): str(x) for k, x in v.items()}
+    out: dict[str, str] = {}
+    for part in str(v).split(","):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            raise OtelConfigError(f"{where}: {key} = {v!r}: header {part.strip()!r} is not key=value")
+        k, _, x = part.partition("=")
+        k = urllib.parse.unquote(k).strip().lower()
+        if not k:
+            raise OtelConfigError(f"{where}: {key} = {v!r}: empty header name")
+        out[k] = urllib.parse.unquote(x).strip()
+    return out
+
+
+def _resource_attrs(where: str, key: str, v: Any) -> dict[str, str]:
+    if isinstance(v, Mapping):
+        return {str(k): str(x) for k, x in v.items()}
+    return parse_headers(where, key, v)
+
+
+# -- the config file ------------------------------------------------------------------------
+
+FILE_KEYS = {
+    "enabled", "endpoint", "traces_endpoint", "metrics_endpoint", "protocol", "headers",
+    "timeout_s", "budget_s", "compression", "insecure", "certificate", "service_name",
+    "resource_attributes", "metrics", "metrics_interval_s", "max_evidence",
+}
+
+
+def config_file_path(environ: Mapping[str, str] | None = None) -> str | None:
+    """``$REVEAL_CONFIG`` (must exist), else ``/etc/reveal/reveal.toml`` when present, else None."""
+    env = os.environ if environ is None else environ
+    p = env.get("REVEAL_CONFIG")
+    if p:
+        if not os.path.isfile(p):
+            raise OtelConfigError(f"REVEAL_CONFIG={p!r}: no such file")
+        return p
+    return DEFAULT_CONFIG_FILE if os.path.isfile(DEFAULT_CONFIG_FILE) else None
+
+
+def read_file_section(path: str) -> dict[str, Any]:
+    """The ``[otel]`` table of a TOML file ({} when absent); unknown keys are an error."""
+    try:
+        import tomllib
+    except ImportError:  # Python 3.10
+        import tomli as tomllib  # type: ignore[no-redef]
+    try:
+        with open(path, "rb") as f:
+            data = tomllib.load(f)
+    except OSError as e:
+        raise OtelConfigError(f"{path}: cannot read: {e.strerror}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise OtelConfigError(f"{path}: not valid TOML: {e}") from None
+    sec = data.get("otel", {})
+    if not isinstance(sec, dict):
+        raise OtelConfigError(f"{path}: 'otel' must be a table ([otel])")
+    unknown = sorted(set(sec) - FILE_KEYS)
+    if unknown:
+        raise OtelConfigError(f"{path}: [otel] unknown key(s) {unknown}; known: {sorted(FILE_KEYS)}")
+    return sec
+
+
+def _apply(cfg: OtelConfig, where: str, values: Mapping[str, Any]) -> None:
+    for key, v in values.items():
+        w = f"{where} [otel]" if not where.startswith("environment") else where
+        if key in ("endpoint", "traces_endpoint", "metrics_endpoint"):
+            setattr(cfg, key, _endpoint(w, key, v))
+        elif key == "protocol":
+            cfg.protocol = _protocol(w, key, v)
+        elif key == "headers":
+            cfg.headers.update(parse_headers(w, key, v))
+        elif key in ("timeout_s", "budget_s", "metrics_interval_s"):
+            setattr(cfg, key, _float(w, key, v))
+        elif key == "max_evidence":
+            cfg.max_evidence = int(_float(w, key, v))
+        elif key == "compression":
+            c = str(v).strip().lower()
+            if c not in COMPRESSIONS:
+                raise OtelConfigError(f"{w}: {key} = {v!r}: must be one of {', '.join(COMPRESSIONS)}")
+            cfg.compression = c
+        elif key in ("enabled", "insecure", "metrics"):
+            setattr(cfg, key, _bool(w, key, v))
+        elif key == "resource_attributes":
+            cfg.resource_attributes.update(_resource_attrs(w, key, v))
+        elif key in ("certificate", "service_name"):
+            setattr(cfg, key, str(v))
+        else:
+            raise OtelConfigError(f"{w}: unknown key {key!r}; known: {sorted(FILE_KEYS)}")
+
+
+ENV_MAP = (
+    # (variable, key); later entries win, so signal-specific variables come after generic ones
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "endpoint"),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces_endpoint"),
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics_endpoint"),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "protocol"),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "protocol"),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "headers"),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "headers"),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "timeout_s"),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "timeout_s"),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "compression"),
+    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "compression"),
+    ("OTEL_EXPORTER_OTLP_INSECURE", "insecure"),
+    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "certificate"),
+    ("OTEL_SERVICE_NAME", "service_name"),
+    ("OTEL_RESOURCE_ATTRIBUTES", "resource_attributes"),
+    ("REVEAL_OTEL_METRICS", "metrics"),
+    ("REVEAL_OTEL_BUDGET_S", "budget_s"),
+)
+
+
+def load_config(overrides: Mapping[str, Any] | None = None,
+                environ: Mapping[str, str] | None = None,
+                config_file: str | None = None) -> OtelConfig:
+    """The effective configuration (see the module docstring for precedence).
+
+    ``config_file`` replaces the ``$REVEAL_CONFIG`` / ``/etc/reveal/reveal.toml`` lookup (tests).
+    """
+    env = os.environ if environ is None else environ
+    cfg = OtelConfig(headers={}, resource_attributes={})
+    path = config_file if config_file is not None else config_file_path(env)
+    file_enabled = None
+    if path:
+        sec = read_file_section(path)
+        _apply(cfg, path, sec)
+        if "enabled" in sec:
+            file_enabled = cfg.enabled
+        if any(sec.get(k) for k in ("endpoint", "traces_endpoint")):
+            cfg.source = path
+    for var, key in ENV_MAP:
+        raw = env.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        where = f"environment variable {var}"
+        if key == "timeout_s":
+            cfg.timeout_s = _env_timeout(var, raw)
+        else:
+            _apply(cfg, where, {key: raw})
+        if key in ("endpoint", "traces_endpoint"):
+            cfg.source = var
+    if overrides:
+        _apply(cfg, "overrides", {k: v for k, v in overrides.items() if v is not None})
+        if overrides.get("endpoint") or overrides.get("traces_endpoint"):
+            cfg.source = "command line"
+    configured = bool(cfg.endpoint or cfg.traces_endpoint)
+    cfg.enabled = configured
+    if file_enabled is False and not (overrides and (overrides.get("endpoint")
+                                                     or overrides.get("traces_endpoint"))):
+        cfg.enabled = False
+    if _bool("environment variable OTEL_SDK_DISABLED", "OTEL_SDK_DISABLED",
+             env.get("OTEL_SDK_DISABLED", "false")):
+        cfg.enabled = False
+    if overrides and overrides.get("enabled") is not None:
+        cfg.enabled = bool(overrides["enabled"]) and configured
+    return cfg

@@ -1,0 +1,238 @@
+"""Sending spans over OTLP (http/protobuf or gRPC) within a time budget.
+
+The end of a job waits on the sink hook, so :func:`send_spans` never blocks the caller for
+more than ``budget_s``: the export runs in a daemon thread whose request timeout is the budget;
+when the budget is spent the caller goes on (the report stays on disk for ``reveal otel
+export``).  The exporters' own log lines (one per retry) are captured and replaced by a single
+warning naming the endpoint, logged once per endpoint and process.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
+
+from .config import OtelConfig
+
+log = logging.getLogger(__name__)
+
+STATUS_FILE = "otel.json"
+_OTLP_LOGGERS = ("opentelemetry.exporter",)
+_warned: set[str] = set()
+_warned_lock = threading.Lock()
+
+
+@dataclass
+class ExportOutcome:
+    """What happened to one export (also written to ``<run_dir>/otel.json``)."""
+
+    ok: bool
+    finished: bool          # False: the budget ran out before the backend answered
+    seconds: float          # how long the caller waited
+    spans: int
+    endpoint: str
+    protocol: str
+    trace_id: str = ""
+    error: str | None = None
+    t: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def make_span_exporter(cfg: OtelConfig, timeout_s: float | None = None) -> SpanExporter:
+    """An OTLP span exporter for ``cfg`` (nothing is sent until ``export``)."""
+    timeout = float(timeout_s if timeout_s is not None else cfg.timeout_s)
+    if cfg.protocol == "grpc":
+        import grpc
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        creds = None
+        insecure = cfg.grpc_insecure("traces")
+        if not insecure and cfg.certificate:
+            with open(cfg.certificate, "rb") as f:
+                creds = grpc.ssl_channel_credentials(f.read())
+        return OTLPSpanExporter(endpoint=cfg.signal_endpoint("traces"), insecure=insecure,
+                                credentials=creds, headers=dict(cfg.headers) or None,
+                                timeout=timeout,
+                                compression=grpc.Compression.Gzip if cfg.compression == "gzip"
+                                else grpc.Compression.NoCompression)
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    return OTLPSpanExporter(endpoint=cfg.signal_endpoint("traces"),
+                            certificate_file=cfg.certificate, headers=dict(cfg.headers),
+                            timeout=timeout,
+                            compression=Compression.Gzip if cfg.compression == "gzip"
+                            else Compression.NoCompression)
+
+
+class _Capture(logging.Handler):
+    """Collects the OTLP exporters' log records while one of our exports runs."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno >= logging.WARNING:
+            try:
+                self.messages.append(record.getMessage())
+            except Exception:  # a malformed record must not break the export
+                pass
+
+
+_capture_lock = threading.Lock()
+_capture_depth = 0
+_capture = _Capture()
+_saved: dict[str, tuple[bool, int]] = {}
+
+
+def _capture_on() -> None:
+    global _capture_depth
+    with _capture_lock:
+        if _capture_depth == 0:
+            _capture.messages = []
+            for name in _OTLP_LOGGERS:
+                lg = logging.getLogger(name)
+                _saved[name] = (lg.propagate, lg.level)
+                lg.addHandler(_capture)
+                lg.propagate = False
+        _capture_depth += 1
+
+
+def _capture_off() -> list[str]:
+    global _capture_depth
+    with _capture_lock:
+        _capture_depth -= 1
+        msgs = list(_capture.messages)
+        if _capture_depth == 0:
+            for name in _OTLP_LOGGERS:
+                lg = logging.getLogger(name)
+                lg.removeHandler(_capture)
+                lg.propagate = _saved.get(name, (True, 0))[0]
+        return msgs
+
+
+def warn_once(endpoint: str, message: str) -> bool:
+    """Log ``message`` once per endpoint and process; True when it was logged."""
+    with _warned_lock:
+        if endpoint in _warned:
+            log.debug("%s", message)
+            return False
+        _warned.add(endpoint)
+    log.warning("%s", message)
+    return True
+
+
+def reset_warnings() -> None:
+    """Forget which endpoints were warned about (tests; a long-lived process after recovery)."""
+    with _warned_lock:
+        _warned.clear()
+
+
+def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float | None = None,
+               exporter: SpanExporter | None = None) -> ExportOutcome:
+    """Export ``spans``; return within ``budget_s`` (None: wait up to ``cfg.timeout_s``).
+
+    Never raises for backend trouble: down, refusing (HTTP 4xx/5xx, gRPC errors) or slow
+    backends come back as ``ok=False`` with the reason, logged once per endpoint.
+    """
+    t0 = time.monotonic()
+    endpoint = cfg.signal_endpoint("traces")
+    wait = budget_s if budget_s is not None else cfg.timeout_s
+    trace_id = format(spans[0].context.trace_id, "032x") if spans else ""
+    box: dict[str, Any] = {}
+
+    def work() -> None:
+        _capture_on()
+        msgs: list[str] = []
+        try:
+            exp = exporter or make_span_exporter(cfg, timeout_s=wait)
+            try:
+                box["result"] = exp.export(list(spans))
+            finally:
+                if exporter is None:
+                    exp.shutdown()
+        except Exception as e:  # bad certificate file, encoder bug ...
+            box["error"] = f"{type(e).__name__}: {e}"
+        finally:
+            msgs = _capture_off()
+            box["messages"] = msgs
+
+    th = threading.Thread(target=work, name="reveal-otel-export", daemon=True)
+    th.start()
+    th.join(wait + 0.05 if budget_s is not None else None)
+    seconds = time.monotonic() - t0
+    finished = not th.is_alive()
+    ok = finished and box.get("result") == SpanExportResult.SUCCESS
+    error = None
+    if not ok:
+        if not finished:
+            error = f"no answer within {wait:g} s"
+        else:
+            msgs = box.get("messages") or []
+            error = box.get("error") or (msgs[-1] if msgs else "export failed")
+        warn_once(endpoint, f"OpenTelemetry export to {endpoint} ({cfg.protocol}) failed: {error}; "
+                            "the report stays on disk, re-send it with `reveal otel export DIR`")
+    else:
+        with _warned_lock:  # a recovered backend deserves a fresh warning next time it fails
+            _warned.discard(endpoint)
+    return ExportOutcome(ok=ok, finished=finished, seconds=round(seconds, 4), spans=len(spans),
+                         endpoint=endpoint, protocol=cfg.protocol, trace_id=trace_id, error=error,
+                         t=time.time())
+
+
+def write_status(run_dir: str, outcome: ExportOutcome) -> None:
+    """Record the outcome in ``<run_dir>/otel.json`` (best effort: a read-only run dir is fine)."""
+    path = os.path.join(run_dir, STATUS_FILE)
+    tmp = os.path.join(run_dir, "." + STATUS_FILE + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump(outcome.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.debug("cannot write %s: %s", path, e)
+
+
+def read_status(run_dir: str) -> dict[str, Any] | None:
+    try:
+        with open(os.path.join(run_dir, STATUS_FILE)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_meta(run_dir: str) -> dict[str, Any] | None:
+    """``meta.json`` of a run directory, or None when missing/unreadable (spans then use the
+    report alone)."""
+    try:
+        with open(os.path.join(run_dir, "meta.json")) as f:
+            meta = json.load(f)
+        return meta if isinstance(meta, dict) else None
+    except (OSError, ValueError) as e:
+        log.debug("no usable meta.json in %s: %s", run_dir, e)
+        return None
+
+
+def export_report(report: dict[str, Any], meta: dict[str, Any] | None, cfg: OtelConfig,
+                  budget_s: float | None = None, run_dir: str | None = None,
+                  exporter: SpanExporter | None = None) -> ExportOutcome:
+    """Build the run's trace and send it; with ``run_dir`` the outcome lands in ``otel.json``.
+
+    ``budget_s`` bounds the whole call, span building included.
+    """
+    from .trace import build_spans
+    t0 = time.monotonic()
+    spans = build_spans(report, meta, cfg)
+    left = None if budget_s is None else max(0.05, budget_s - (time.monotonic() - t0))
+    outcome = send_spans(spans, cfg, budget_s=left, exporter=exporter)
+    outcome.seconds = round(time.monotonic() - t0, 4)
+    if run_dir:
+        write_status(run_dir, outcome)
+    return outcome

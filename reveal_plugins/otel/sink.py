@@ -1,0 +1,91 @@
+"""The built-in OpenTelemetry sink plugin (listed in ``hooks/manager.py:BUILTIN_PLUGINS``).
+
+* ``reveal_report_ready``: sends the finished run as one trace when OTLP export is configured
+  (see :mod:`.config`); the caller (Slurm epilog, ``reveal record``, ``reveal-torchrun``) waits at
+  most ``budget_s`` (default 1 s) whatever the backend does.
+* ``reveal_agent_started`` / ``reveal_agent_stopping`` / ``reveal_live_finding``: optional live
+  metrics from the node agent (``[otel] metrics = true`` or ``REVEAL_OTEL_METRICS=1``).
+
+This module imports no OpenTelemetry package at import time: every ``reveal`` process loads
+the plugin, and export is off on most of them.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from ..hooks.hookspec import hookimpl
+from .config import OtelConfigError, load_config
+
+log = logging.getLogger(__name__)
+_live: Any = None          # the LiveMetrics of this process's agent, if any
+_config_warned = False
+
+
+def _config(config: dict[str, Any] | None):
+    """Effective config, or None (off, or broken: logged once)."""
+    global _config_warned
+    overrides = (config or {}).get("otel") if isinstance(config, dict) else None
+    try:
+        cfg = load_config(overrides=overrides if isinstance(overrides, dict) else None)
+    except OtelConfigError as e:
+        if not _config_warned:
+            log.warning("OpenTelemetry export off: %s", e)
+            _config_warned = True
+        return None
+    return cfg if cfg.enabled else None
+
+
+@hookimpl
+def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any]) -> None:
+    """Export ``report`` as a trace; never raises, never waits longer than ``budget_s``."""
+    t0 = time.monotonic()
+    cfg = _config(config)
+    if cfg is None:
+        return None
+    try:
+        from .export import export_report, read_meta
+        budget = cfg.budget_s - (time.monotonic() - t0)
+        outcome = export_report(report, read_meta(run_dir), cfg, budget_s=budget, run_dir=run_dir)
+        if outcome.ok:
+            log.info("run exported to %s as trace %s (%d spans, %.3f s)", outcome.endpoint,
+                     outcome.trace_id, outcome.spans, outcome.seconds)
+    except Exception as e:  # a malformed report, a missing optional package
+        log.warning("OpenTelemetry export of %s skipped: %s: %s", run_dir, type(e).__name__, e)
+    return None
+
+
+@hookimpl
+def reveal_agent_started(agent: Any) -> None:
+    """Start live metrics when configured (non-blocking: the first export happens later)."""
+    global _live
+    cfg = _config(None)
+    if cfg is None or not cfg.metrics or _live is not None:
+        return None
+    try:
+        from .metrics import LiveMetrics
+        _live = LiveMetrics(agent, cfg)
+        _live.start()
+    except Exception as e:
+        log.warning("OpenTelemetry live metrics not started: %s: %s", type(e).__name__, e)
+        _live = None
+    return None
+
+
+@hookimpl
+def reveal_agent_stopping(agent: Any) -> None:
+    """Flush and stop live metrics within ~1 s."""
+    global _live
+    live, _live = _live, None
+    if live is not None:
+        live.stop(timeout_s=1.0)
+    return None
+
+
+@hookimpl
+def reveal_live_finding(run: Any, anomaly: dict[str, Any]) -> None:
+    """Feed the live anomaly score gauge."""
+    if _live is not None:
+        _live.record_finding(anomaly)
+    return None

@@ -1,0 +1,317 @@
+"""Report -> OpenTelemetry spans: one trace per run (job -> steps -> anomalies, hints as events).
+
+Plain data in (a ``reveal.report/1`` dict and, optionally, the run's ``meta.json`` dict), finished
+SDK spans out; nothing here talks to the network (see :mod:`.export`).  Spans carry the run's
+real start/end times, never the export time.
+
+Ids are derived from the run's identity, so re-sending a run (``reveal otel export``) yields the
+same trace and span ids, and the nodes of one Slurm job share one trace id (one root span per
+node).
+"""
+from __future__ import annotations
+
+import hashlib
+import shlex
+from typing import Any, Iterable
+
+from opentelemetry import trace as trace_api
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from .. import __version__
+from .config import OtelConfig
+
+SCOPE = "reveal_plugins.otel"
+SEVERITY_ORDER = {"info": 0, "warning": 1, "critical": 2}
+ROOT_NAMES = {"slurm": "slurm job", "torchrun": "torchrun launch", "local": "reveal record"}
+
+
+def _ns(t: float) -> int:
+    return int(round(float(t) * 1e9))
+
+
+class RunIdGenerator(IdGenerator):
+    """Trace and span ids derived from a run key: stable across re-exports of the same run."""
+
+    def __init__(self, trace_key: str, span_key: str):
+        self._trace_key = trace_key
+        self._span_key = span_key
+        self._n = 0
+
+    @staticmethod
+    def _digest(text: str, size: int) -> int:
+        v = int.from_bytes(hashlib.blake2b(text.encode(), digest_size=size).digest(), "big")
+        return v or 1  # zero ids are invalid
+
+    def generate_trace_id(self) -> int:
+        return self._digest("trace|" + self._trace_key, 16)
+
+    def generate_span_id(self) -> int:
+        self._n += 1
+        return self._digest(f"span|{self._trace_key}|{self._span_key}|{self._n}", 8)
+
+
+def _meta_run(meta: dict[str, Any] | None) -> dict[str, Any]:
+    run = (meta or {}).get("run") or {}
+    return run if isinstance(run, dict) else {}
+
+
+def host_name(report: dict[str, Any], meta: dict[str, Any] | None) -> str:
+    """The node this report was produced on."""
+    host = (meta or {}).get("host")
+    if isinstance(host, dict):
+        for k in ("hostname", "name", "host"):
+            if host.get(k):
+                return str(host[k])
+    elif isinstance(host, str) and host:
+        return host
+    mr = _meta_run(meta)
+    if mr.get("host"):
+        return str(mr["host"])
+    nodes = report.get("run", {}).get("nodes") or ["unknown"]
+    return str(nodes[0])
+
+
+def cluster_name(report: dict[str, Any], meta: dict[str, Any] | None) -> str | None:
+    run = report.get("run", {})
+    extra = _meta_run(meta).get("extra") or {}
+    for d, k in ((run, "cluster"), (extra, "cluster"), (extra, "slurm_cluster"),
+                 (extra, "SLURM_CLUSTER_NAME")):
+        if isinstance(d, dict) and d.get(k):
+            return str(d[k])
+    return None
+
+
+def trace_keys(report: dict[str, Any], meta: dict[str, Any] | None) -> tuple[str, str]:
+    """(trace key, span key): a job id makes the nodes of a job share a trace."""
+    run = report.get("run", {})
+    source = run.get("source", "local")
+    host = host_name(report, meta)
+    job_id = run.get("job_id") or _meta_run(meta).get("job_id")
+    if job_id:
+        return f"{source}|{cluster_name(report, meta) or ''}|{job_id}", host
+    run_id = _meta_run(meta).get("run_id") or ""
+    return f"{source}|{run_id}|{host}|{float(run.get('start', 0)):.6f}", host
+
+
+def _put(attrs: dict[str, Any], key: str, value: Any) -> None:
+    """Set an attribute when the value is a valid OTel attribute value (skip None/empty)."""
+    if value is None:
+        return
+    if isinstance(value, (list, tuple)):
+        vals = [v for v in value if v is not None]
+        if not vals:
+            return
+        if all(isinstance(v, bool) for v in vals) or all(isinstance(v, str) for v in vals):
+            attrs[key] = list(vals)
+        elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            attrs[key] = [float(v) for v in vals] if any(isinstance(v, float) for v in vals) \
+                else list(vals)
+        else:
+            attrs[key] = [str(v) for v in vals]
+        return
+    if isinstance(value, (str, bool, int, float)):
+        attrs[key] = value
+    else:
+        attrs[key] = str(value)
+
+
+def build_resource(report: dict[str, Any], meta: dict[str, Any] | None,
+                   cfg: OtelConfig | None = None) -> Resource:
+    """service.name, host.name and the scheduler's identity (plus configured attributes)."""
+    cfg = cfg or OtelConfig()
+    run = report.get("run", {})
+    source = run.get("source", "local")
+    attrs: dict[str, Any] = dict(cfg.resource_attributes)
+    attrs.update({
+        "service.name": cfg.service_name,
+        "service.version": __version__,
+        "host.name": host_name(report, meta),
+        "reveal.source": source,
+        "reveal.scheduler": {"slurm": "slurm", "torchrun": "torchrun"}.get(source, "none"),
+        "telemetry.sdk.name": "opentelemetry",
+        "telemetry.sdk.language": "python",
+    })
+    _put(attrs, "reveal.job.id", run.get("job_id"))
+    if source == "slurm":
+        _put(attrs, "slurm.cluster.name", cluster_name(report, meta))
+        _put(attrs, "slurm.job.id", run.get("job_id"))
+    return Resource(attrs)
+
+
+def _step_exit_codes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+    out = {}
+    for s in (meta or {}).get("steps") or []:
+        if isinstance(s, dict) and "step_id" in s:
+            out[str(s["step_id"])] = s.get("exit_code")
+    for s in report.get("run", {}).get("steps") or []:
+        if "exit_code" in s:
+            out[str(s["step_id"])] = s["exit_code"]
+    return out
+
+
+def _exit_status(code: Any) -> Status:
+    if isinstance(code, int) and code != 0:
+        return Status(StatusCode.ERROR, f"exit code {code}")
+    return Status(StatusCode.UNSET)
+
+
+def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict[str, Any]:
+    run = report.get("run", {})
+    tel = report.get("telemetry", {})
+    anomalies = report.get("anomalies") or []
+    a: dict[str, Any] = {}
+    source = run.get("source", "local")
+    _put(a, "reveal.source", source)
+    _put(a, "reveal.run.id", _meta_run(meta).get("run_id"))
+    _put(a, "reveal.job.id", run.get("job_id"))
+    if source == "slurm":
+        _put(a, "slurm.job.id", run.get("job_id"))
+    _put(a, "reveal.step.id", run.get("step_id"))
+    _put(a, "user.name", run.get("user"))
+    nodes = run.get("nodes") or []
+    _put(a, "reveal.nodes", [str(n) for n in nodes])
+    _put(a, "reveal.node.count", len(nodes))
+    cmd = run.get("command")
+    if isinstance(cmd, list):
+        _put(a, "process.command_args", [str(c) for c in cmd])
+        _put(a, "process.command_line", shlex.join(str(c) for c in cmd))
+    elif cmd:
+        _put(a, "process.command_line", str(cmd))
+    _put(a, "process.exit.code", run.get("exit_code"))
+    _put(a, "reveal.duration_s", float(run.get("end", 0)) - float(run.get("start", 0)))
+    for k in ("interval_s", "samples", "channels", "bytes_stored"):
+        _put(a, f"reveal.telemetry.{k}", tel.get(k))
+    probes = tel.get("probes") or []
+    _put(a, "reveal.telemetry.probes.available",
+         sorted(p["name"] for p in probes if p.get("available")))
+    _put(a, "reveal.telemetry.probes.unavailable",
+         sorted(p["name"] for p in probes if not p.get("available")))
+    _put(a, "reveal.anomaly.count", len(anomalies))
+    if anomalies:
+        _put(a, "reveal.anomaly.max_score", max(float(x.get("score", 0)) for x in anomalies))
+        _put(a, "reveal.anomaly.subsystems", sorted({x.get("subsystem") for x in anomalies
+                                                      if x.get("subsystem")}))
+    _put(a, "reveal.summary", report.get("summary"))
+    for k in ("cluster", "partition", "account", "gpus"):
+        _put(a, f"reveal.{k}", run.get(k))
+    return a
+
+
+def anomaly_attributes(an: dict[str, Any], max_evidence: int) -> dict[str, Any]:
+    a: dict[str, Any] = {}
+    _put(a, "reveal.anomaly.id", an.get("id"))
+    _put(a, "reveal.anomaly.subsystem", an.get("subsystem"))
+    _put(a, "reveal.anomaly.score", float(an.get("score", 0)))
+    _put(a, "reveal.anomaly.start", float(an["start"]))
+    _put(a, "reveal.anomaly.end", float(an["end"]))
+    _put(a, "reveal.anomaly.duration_s", float(an["end"]) - float(an["start"]))
+    _put(a, "reveal.anomaly.node", an.get("node"))
+    _put(a, "reveal.step.id", an.get("step_id"))
+    ev = sorted(an.get("evidence") or [], key=lambda e: -abs(float(e.get("deviation", 0))))
+    top = ev[:max_evidence]
+    if top:
+        _put(a, "reveal.anomaly.evidence.channels", [str(e["channel"]) for e in top])
+        _put(a, "reveal.anomaly.evidence.deviations", [float(e["deviation"]) for e in top])
+        _put(a, "reveal.anomaly.top_channel", str(top[0]["channel"]))
+        _put(a, "reveal.anomaly.top_deviation", float(top[0]["deviation"]))
+        if all(e.get("baseline") is not None and e.get("observed") is not None for e in top):
+            _put(a, "reveal.anomaly.evidence.baselines", [float(e["baseline"]) for e in top])
+            _put(a, "reveal.anomaly.evidence.observed", [float(e["observed"]) for e in top])
+    _put(a, "reveal.anomaly.evidence.count", len(ev))
+    hints = an.get("hints") or []
+    _put(a, "reveal.hint.count", len(hints))
+    if hints:
+        _put(a, "reveal.anomaly.severity",
+             max((h.get("severity", "info") for h in hints),
+                 key=lambda s: SEVERITY_ORDER.get(s, 0)))
+    return a
+
+
+def hint_attributes(h: dict[str, Any]) -> dict[str, Any]:
+    a: dict[str, Any] = {}
+    for k in ("title", "severity", "why", "action", "rule", "id"):
+        _put(a, f"reveal.hint.{k}", h.get(k))
+    return a
+
+
+def _step_for(an: dict[str, Any], steps: Iterable[tuple[str, float, float]]) -> str | None:
+    sid = an.get("step_id")
+    steps = list(steps)
+    if sid is not None and any(s[0] == str(sid) for s in steps):
+        return str(sid)
+    t = float(an["start"])
+    for s, b, e in steps:
+        if b <= t <= e:
+            return s
+    return None
+
+
+def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
+                cfg: OtelConfig | None = None) -> list[ReadableSpan]:
+    """The finished spans of one run, root first.
+
+    Anomalies hang under the step they belong to (their ``step_id``, else the step whose time
+    range holds their start), else under the root.
+    """
+    cfg = cfg or OtelConfig()
+    run = report.get("run")
+    if not isinstance(run, dict) or "start" not in run or "end" not in run:
+        raise ValueError("report has no run.start/run.end (not a reveal.report/1 document)")
+    start, end = float(run["start"]), float(run["end"])
+    memory = InMemorySpanExporter()
+    tkey, skey = trace_keys(report, meta)
+    provider = TracerProvider(resource=build_resource(report, meta, cfg),
+                              id_generator=RunIdGenerator(tkey, skey),
+                              span_limits=SpanLimits(max_events=1000, max_attributes=256),
+                              shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer(SCOPE, __version__)
+
+    source = run.get("source", "local")
+    root = tracer.start_span(ROOT_NAMES.get(source, f"{source} run"), kind=SpanKind.INTERNAL,
+                             attributes=root_attributes(report, meta), start_time=_ns(start))
+    root.set_status(_exit_status(run.get("exit_code")))
+    root_ctx = trace_api.set_span_in_context(root)
+
+    exit_codes = _step_exit_codes(report, meta)
+    step_spans = {}
+    step_ranges = []
+    for s in run.get("steps") or []:
+        sid = str(s["step_id"])
+        s_end = float(s["end"]) if s.get("end") is not None else end
+        attrs: dict[str, Any] = {}
+        _put(attrs, "reveal.step.id", sid)
+        _put(attrs, "reveal.job.id", run.get("job_id"))
+        _put(attrs, "process.exit.code", exit_codes.get(sid))
+        _put(attrs, "reveal.duration_s", s_end - float(s["start"]))
+        sp = tracer.start_span(f"step {sid}", context=root_ctx, kind=SpanKind.INTERNAL,
+                               attributes=attrs, start_time=_ns(s["start"]))
+        sp.set_status(_exit_status(exit_codes.get(sid)))
+        step_spans[sid] = (sp, s_end)
+        step_ranges.append((sid, float(s["start"]), s_end))
+
+    for an in sorted(report.get("anomalies") or [], key=lambda x: float(x["start"])):
+        sid = _step_for(an, step_ranges)
+        parent = step_spans[sid][0] if sid is not None else root
+        sp = tracer.start_span(f"anomaly {an.get('subsystem', 'unknown')}",
+                               context=trace_api.set_span_in_context(parent),
+                               kind=SpanKind.INTERNAL,
+                               attributes=anomaly_attributes(an, cfg.max_evidence),
+                               start_time=_ns(an["start"]))
+        for h in an.get("hints") or []:
+            sp.add_event("hint", attributes=hint_attributes(h), timestamp=_ns(an["start"]))
+        sp.end(end_time=_ns(an["end"]))
+
+    for sp, s_end in step_spans.values():
+        sp.end(end_time=_ns(s_end))
+    root.end(end_time=_ns(end))
+    spans = list(memory.get_finished_spans())
+    # root first, then steps, then anomalies: readable in tests and in exporters' batches
+    return sorted(spans, key=lambda s: (0 if s.parent is None else
+                                        1 if s.name.startswith("step ") else 2,
+                                        s.start_time or 0))
