@@ -100,8 +100,11 @@ class Recording:
         except OSError as e:
             raise RuntimeError(f"cannot write run directory {out}: {e.strerror or e}") from None
         self._private_spool = tempfile.mkdtemp(prefix="reveal-agent-")
+        # REVEAL_SEGMENT_S (1-10) shortens segments: tests and very crash-prone hosts.
+        seg = os.environ.get("REVEAL_SEGMENT_S")
         self.client = ensure_agent(self._private_spool, self.interval_s, wait_s=10.0,
-                                   exit_when_idle=True, idle_grace_s=5.0, live=self.live)
+                                   exit_when_idle=True, idle_grace_s=5.0, live=self.live,
+                                   segment_s=float(seg) if seg else None)
         try:
             user = getpass.getuser()
         except Exception:
@@ -113,10 +116,11 @@ class Recording:
         run.run_dir = self.client.register(run)
         self.run = run
 
-    def _fail(self, msg: str) -> None:
+    def _fail(self, msg: str, running: bool = True) -> None:
         if self.error is None:
             self.error = msg
-            print(f"reveal: {msg}; the command runs on without it", file=self.stream)
+            tail = "; the command runs on without it" if running else ""
+            print(f"reveal: {msg}{tail}", file=self.stream)
 
     @property
     def run_dir(self) -> str | None:
@@ -149,9 +153,12 @@ class Recording:
             return
         try:
             self.client.unregister(self.run.run_id, self.exit_code, timeout=15)
+            werr = self.client.last_reply.get("write_error")
+            if werr:
+                self._fail(f"telemetry incomplete in {self.run_dir}: {werr}", running=False)
         except (AgentError, AttributeError) as e:
             self._fail(f"agent lost before the end of the run ({e}); finalizing the finished "
-                       "segments")
+                       "segments", running=False)
             self._finalize_locally()
         finally:
             self._cleanup_spool()

@@ -426,7 +426,9 @@ class Agent:
             if op == "unregister":
                 if not privileged:
                     return {"ok": False, "error": "only root or the agent's user may unregister"}
-                return {"ok": True, "run_dir": self.unregister(run_id, req.get("exit_code"))}
+                err = st.write_error
+                run_dir = self.unregister(run_id, req.get("exit_code"))
+                return {"ok": True, "run_dir": run_dir, "write_error": st.write_error or err}
             event = req.get("event")
             if not isinstance(event, str) or not event or event in ("run_start", "run_end"):
                 return {"ok": False, "error": f"event {event!r}: not a valid event name"}

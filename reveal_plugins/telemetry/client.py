@@ -66,8 +66,11 @@ class AgentClient:
 
     def unregister(self, run_id: str, exit_code: int | None = None,
                    timeout: float | None = None) -> str:
-        return self.request({"op": "unregister", "run_id": run_id, "exit_code": exit_code},
-                            timeout)["run_dir"]
+        """Close a run; returns its directory.  ``last_reply["write_error"]`` tells whether the
+        agent failed to write part of the telemetry (disk full ...)."""
+        self.last_reply = self.request({"op": "unregister", "run_id": run_id,
+                                        "exit_code": exit_code}, timeout)
+        return self.last_reply["run_dir"]
 
     def status(self) -> dict[str, Any]:
         return self.request({"op": "status"})
@@ -91,7 +94,7 @@ def queue_request(spool: str, req: dict[str, Any]) -> str:
 
 def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = False,
                 idle_grace_s: float = 30.0, live: bool = False,
-                log_path: str | None = None) -> subprocess.Popen:
+                log_path: str | None = None, segment_s: float | None = None) -> subprocess.Popen:
     """Start a detached agent process (own session: it outlives the caller, ignores its ^C)."""
     os.makedirs(spool, mode=0o755 if os.geteuid() == 0 else 0o700, exist_ok=True)
     cmd = [sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool", spool,
@@ -100,6 +103,8 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
         cmd.append("--exit-when-idle")
     if live:
         cmd.append("--live")
+    if segment_s is not None:
+        cmd += ["--segment", repr(float(segment_s))]
     log_path = log_path or os.path.join(spool, "agent.log")
     try:
         logf = open(log_path, "ab")
@@ -115,7 +120,7 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
 
 def ensure_agent(spool: str, interval_s: float = 0.1, wait_s: float = 5.0,
                  exit_when_idle: bool = False, idle_grace_s: float = 30.0,
-                 live: bool = False) -> AgentClient:
+                 live: bool = False, segment_s: float | None = None) -> AgentClient:
     """Return a client for the agent of ``spool``, starting one if none answers.
 
     With ``wait_s=0`` it does not wait for a new agent to come up (callers under a tight time
@@ -124,7 +129,8 @@ def ensure_agent(spool: str, interval_s: float = 0.1, wait_s: float = 5.0,
     client = AgentClient(os.path.join(spool, "agent.sock"))
     if client.alive():
         return client
-    proc = start_agent(spool, interval_s, exit_when_idle, idle_grace_s, live)
+    proc = start_agent(spool, interval_s, exit_when_idle, idle_grace_s, live,
+                       segment_s=segment_s)
     client.proc = proc  # type: ignore[attr-defined]
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
