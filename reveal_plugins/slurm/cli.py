@@ -1,0 +1,51 @@
+"""``reveal slurm {prolog,epilog,task-prolog,task-epilog,build-spank,job-info}``.
+
+The hook subcommands are what slurm.conf points at (through a one-line wrapper script, see
+docs/slurm.md); they always exit 0 -- a failing Prolog/Epilog would drain the node.
+"""
+from __future__ import annotations
+
+import sys
+
+USAGE = """usage: reveal slurm <command>
+
+  prolog        Prolog (root, once per job per node): register the job with the node agent
+  epilog        Epilog (root): close the job's run, start its analysis
+  task-prolog   TaskProlog (job user, per task): step start (alternative to the SPANK plugin)
+  task-epilog   TaskEpilog (job user, per task): step end
+  build-spank   compile the SPANK plugin (--reveal option, per-step events)
+  job-info ID   print a job's metadata as JSON (pyslurm, squeue --json or scontrol)
+"""
+HOOKS = ("prolog", "epilog", "task-prolog", "task-epilog")
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE, end="")
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd in HOOKS:
+        from .hooks import dispatch
+        return dispatch(cmd)
+    if cmd == "_analyze" and len(rest) == 1:
+        from .hooks import analyze_job
+        return analyze_job(rest[0])
+    if cmd == "build-spank":
+        from .spank_build import main as build_main
+        return build_main(rest)
+    if cmd == "job-info" and len(rest) == 1:
+        import json
+        from .jobinfo import JobInfoError, job_info
+        try:
+            print(json.dumps(job_info(rest[0]), indent=1, default=str))
+        except (JobInfoError, ValueError) as e:
+            print(f"reveal slurm job-info: {e}", file=sys.stderr)
+            return 1
+        return 0
+    print(f"reveal slurm: unknown command {cmd!r}\n\n{USAGE}", file=sys.stderr, end="")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

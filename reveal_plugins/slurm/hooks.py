@@ -1,0 +1,434 @@
+"""Prolog, Epilog, TaskProlog and TaskEpilog: Slurm's job lifecycle turned into agent requests.
+
+Slurm DRAINS a node whose Prolog/Epilog fails or times out, so :func:`run_hook` wraps each hook:
+it catches everything, logs the cause, enforces a wall-time budget (a timer that abandons the
+work, plus a watchdog thread that exits the process if the work cannot be interrupted) and
+always returns 0.  The hooks import nothing heavy (no numpy): they speak the agent's one-line
+JSON protocol (docs/internals.md) directly, and leave slow work (starting an agent, analysis)
+to detached processes in their own session, which survive Slurm killing the hook's process group.
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pwd
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import traceback
+import uuid
+from typing import Any, Callable
+
+from ..spool import JOB_ID_RE
+from .config import ConfigError, SlurmConfig, load_config
+
+DEFAULT_LOG = "/var/log/reveal/slurm-hooks.log"
+BATCH, EXTERN = "batch", "extern"
+
+
+class BudgetExceeded(Exception):
+    pass
+
+
+class AgentUnreachable(OSError):
+    pass
+
+
+# -- logging -----------------------------------------------------------------------------------
+
+def log_path() -> str:
+    return os.environ.get("REVEAL_SLURM_LOG") or DEFAULT_LOG
+
+
+def log(hook: str, level: str, msg: str, job: str | None = None) -> None:
+    """Append one line to the hook log (root hooks) or stderr (user hooks); never raises."""
+    job = job if job is not None else os.environ.get("SLURM_JOB_ID", "-")
+    line = (f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}Z reveal-slurm {hook} "
+            f"job={job} pid={os.getpid()} {level} {msg}\n")
+    if os.geteuid() == 0:
+        try:
+            path = log_path()
+            os.makedirs(os.path.dirname(path), mode=0o750, exist_ok=True)
+            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o640)
+            try:
+                os.write(fd, line.encode(errors="replace"))
+            finally:
+                os.close(fd)
+            return
+        except OSError:
+            pass
+    try:
+        sys.stderr.write(line)
+        sys.stderr.flush()
+    except Exception:
+        pass
+
+
+# -- the never-drain wrapper --------------------------------------------------------------------
+
+def run_hook(name: str, budget_s: float, fn: Callable[[], None]) -> int:
+    """Run ``fn`` within ``budget_s`` seconds; log any failure; always return 0."""
+    t0 = time.monotonic()
+
+    def on_alarm(signum, frame):
+        raise BudgetExceeded()
+
+    done = threading.Event()
+
+    def watchdog():
+        # The timer cannot interrupt a blocked C call that retries on EINTR; this can.
+        if done.wait(budget_s + 0.25):
+            return
+        log(name, "ERROR", f"still running after its {budget_s:g} s budget; exiting 0 "
+                           "(watchdog)")
+        os._exit(0)
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, budget_s)
+    try:
+        fn()
+    except BudgetExceeded:
+        log(name, "ERROR", f"gave up after its {budget_s:g} s budget (the job is not held up; "
+                           "its telemetry may be incomplete)")
+    except ConfigError as e:
+        log(name, "ERROR", f"configuration error, hook skipped: {e}")
+    except BaseException as e:  # noqa: BLE001 -- a hook must never fail a job or drain a node
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+        log(name, "ERROR", f"failed: {type(e).__name__}: {e}{where}")
+    finally:
+        done.set()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+    dt = time.monotonic() - t0
+    if os.environ.get("REVEAL_SLURM_TIMING"):
+        log(name, "INFO", f"wall {dt * 1000:.1f} ms")
+    return 0
+
+
+# -- agent protocol (one JSON line each way, docs/internals.md) ---------------------------------
+
+def agent_request(sock_path: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(max(0.01, timeout))
+    try:
+        try:
+            s.connect(sock_path)
+        except OSError as e:
+            raise AgentUnreachable(e.errno, f"agent socket {sock_path}: "
+                                   f"{e.strerror or type(e).__name__}") from None
+        s.sendall((json.dumps(req) + "\n").encode())
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+    except socket.timeout:
+        raise AgentUnreachable(0, f"agent socket {sock_path}: no reply within {timeout:.2f} s") \
+            from None
+    finally:
+        s.close()
+    try:
+        reply = json.loads(buf)
+    except ValueError:
+        raise AgentUnreachable(0, f"agent socket {sock_path}: invalid reply {buf[:80]!r}") \
+            from None
+    return reply
+
+
+def queue_pending(spool: str, req: dict[str, Any]) -> str:
+    """Leave a request in ``<spool>/pending/`` for an agent that is still starting."""
+    pend = os.path.join(spool, "pending")
+    try:
+        os.mkdir(pend, 0o1733)
+        os.chmod(pend, 0o1733)
+    except FileExistsError:
+        pass
+    dfd = os.open(pend, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"
+        tmp = "." + name + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=dfd)
+        with os.fdopen(fd, "w") as f:
+            json.dump(req, f)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
+    return os.path.join(pend, name)
+
+
+def start_agent_detached(spool: str, interval_s: float) -> int | None:
+    """Start ``reveal agent`` for ``spool`` in its own session unless one is being started.
+
+    Returns the new PID, or None when another hook started one moments ago (its PID, kept in
+    ``<spool>/.agent-starter``, is still alive).
+    """
+    os.makedirs(spool, mode=0o755, exist_ok=True)
+    lock = os.path.join(spool, ".agent-starter")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        old = os.read(fd, 64).decode(errors="replace").strip()
+        if old.isdigit():
+            try:
+                os.kill(int(old), 0)
+                with open(f"/proc/{old}/cmdline", "rb") as f:
+                    if b"reveal_plugins.telemetry.agent" in f.read():
+                        return None
+            except OSError:
+                pass
+        try:
+            logf = os.open(os.path.join(spool, "agent.log"),
+                           os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+        except OSError:
+            logf = subprocess.DEVNULL
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        try:
+            p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.telemetry.agent",
+                                  "--spool", spool, "--interval", repr(float(interval_s))],
+                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
+                                 start_new_session=True, close_fds=True, cwd="/", env=env)
+        finally:
+            if logf is not subprocess.DEVNULL:
+                os.close(logf)
+        os.lseek(fd, 0, os.SEEK_SET)
+        os.ftruncate(fd, 0)
+        os.write(fd, str(p.pid).encode())
+        return p.pid
+    finally:
+        os.close(fd)
+
+
+# -- job identity from the hook environment -----------------------------------------------------
+
+def job_id_from_env(env: dict[str, str]) -> str:
+    job = env.get("SLURM_JOB_ID", "")
+    if not JOB_ID_RE.match(job):
+        raise ValueError(f"SLURM_JOB_ID={job!r}: not a Slurm job id (is this running as a "
+                         "Slurm Prolog/Epilog?)")
+    return job
+
+
+def node_name(env: dict[str, str]) -> str:
+    name = env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    if "/" in name or name.startswith("."):
+        raise ValueError(f"SLURMD_NODENAME={name!r}: not a usable node name")
+    return name
+
+
+def parse_gpus(env: dict[str, str]) -> list[int] | None:
+    """Host GPU indices of the job: SLURM_JOB_GPUS, else CUDA_VISIBLE_DEVICES; None = unknown."""
+    for key in ("SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"):
+        v = env.get(key, "").strip()
+        if v and all(p.strip().isdigit() for p in v.split(",")):
+            return [int(p) for p in v.split(",")]
+    return None
+
+
+def find_cgroup(job: str, uid: int) -> str | None:
+    """The job's cgroup if Slurm has created it already (proctrack/task cgroup), else None."""
+    base = "/sys/fs/cgroup"
+    candidates = [os.path.join(base, "system.slice", "slurmstepd.scope", f"job_{job}")]
+    for ctrl in ("memory", "cpuacct", "cpu,cpuacct", "pids"):
+        candidates.append(os.path.join(base, ctrl, "slurm", f"uid_{uid}", f"job_{job}"))
+    for c in candidates:
+        if os.path.isdir(c):
+            return c
+    return None
+
+
+def run_info(env: dict[str, str], cfg: SlurmConfig) -> dict[str, Any]:
+    """The RunInfo dict the Prolog registers (Prolog environment only: no slurmctld query)."""
+    job = job_id_from_env(env)
+    host = node_name(env)
+    uid = int(env["SLURM_JOB_UID"])
+    user = env.get("SLURM_JOB_USER")
+    gid = int(env["SLURM_JOB_GID"]) if env.get("SLURM_JOB_GID", "").isdigit() else None
+    if gid is None or not user:
+        try:
+            pw = pwd.getpwuid(uid)
+            gid = pw.pw_gid if gid is None else gid
+            user = user or pw.pw_name
+        except KeyError:
+            pass
+    extra = {k: env[e] for k, e in (("partition", "SLURM_JOB_PARTITION"),
+                                    ("nodelist", "SLURM_JOB_NODELIST"),
+                                    ("account", "SLURM_JOB_ACCOUNT"),
+                                    ("job_name", "SLURM_JOB_NAME"),
+                                    ("cluster", "SLURM_CLUSTER_NAME")) if env.get(e)}
+    if cfg.default_mode == "live":
+        extra["live"] = True
+    return {"run_id": f"slurm-{job}", "source": "slurm", "host": host, "job_id": job,
+            "run_dir": os.path.join(cfg.spool_dir(), "jobs", job, host),
+            "user": user, "uid": uid, "gid": gid, "gpus": parse_gpus(env),
+            "cgroup": find_cgroup(job, uid), "extra": extra}
+
+
+# -- the hooks -----------------------------------------------------------------------------------
+
+def _remaining(deadline: float) -> float:
+    return max(0.01, deadline - time.monotonic())
+
+
+def prolog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
+    """Register the job with the node agent; start the agent (detached) if none answers."""
+    run = run_info(env, cfg)
+    spool = cfg.spool_dir()
+    sock = os.path.join(spool, "agent.sock")
+    req = {"op": "register", "run": run}
+    try:
+        reply = agent_request(sock, req, _remaining(deadline) * 0.8)
+    except AgentUnreachable as e:
+        pid = start_agent_detached(spool, cfg.interval_s)
+        path = queue_pending(spool, req)
+        log("prolog", "WARNING", f"{e}; " + (f"started an agent (pid {pid})" if pid else
+                                             "an agent is starting") +
+            f" and queued the registration ({path})", run["job_id"])
+        return
+    if not reply.get("ok"):
+        raise RuntimeError(f"agent refused the registration of {run['run_id']}: "
+                           f"{reply.get('error')}")
+
+
+def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
+    """Close the job's run (the agent flushes it), then start the detached analysis."""
+    job = job_id_from_env(env)
+    host = node_name(env)
+    spool = cfg.spool_dir()
+    run_dir = os.path.join(spool, "jobs", job, host)
+    ec = env.get("SLURM_JOB_EXIT_CODE2", "")
+    exit_code = int(ec.split(":")[0]) if ec.split(":")[0].isdigit() else None
+    req = {"op": "unregister", "run_id": f"slurm-{job}", "exit_code": exit_code}
+    try:
+        reply = agent_request(os.path.join(spool, "agent.sock"), req,
+                              _remaining(deadline) * 0.7)
+        if reply.get("ok"):
+            run_dir = reply.get("run_dir") or run_dir
+        else:
+            log("epilog", "ERROR", f"agent refused to close run slurm-{job}: "
+                                   f"{reply.get('error')}", job)
+    except AgentUnreachable as e:
+        log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; analysing what "
+                               f"is on disk in {run_dir}", job)
+    if cfg.analysis == "off":
+        return
+    if not os.path.isfile(os.path.join(run_dir, "meta.json")):
+        log("epilog", "ERROR", f"no telemetry for job {job}: {run_dir}/meta.json is missing",
+            job)
+        return
+    env2 = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env2["REVEAL_SLURM_JOB_ID"] = job
+    if cfg.path:
+        env2["REVEAL_SLURM_CONFIG"] = cfg.path
+    subprocess.Popen([sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze", run_dir],
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/",
+                     env=env2)
+
+
+def _step_name(env: dict[str, str]) -> str:
+    sid = env.get("SLURM_STEP_ID")
+    if sid is None or sid == "":
+        return BATCH
+    return {"4294967291": BATCH, "4294967292": EXTERN}.get(sid, sid)
+
+
+def task_hook(event: str, cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
+    """TaskProlog/TaskEpilog (job user, per task): mark the step once per node (local task 0)."""
+    job = job_id_from_env(env)
+    if event == "step_start":
+        # TaskProlog stdout is parsed by Slurm: "export K=V" edits the task's environment.
+        print(f"export REVEAL_RUN_ID=slurm-{job}", flush=True)
+    if env.get("SLURM_LOCALID", "0") != "0":
+        return
+    fields: dict[str, Any] = {"step_id": _step_name(env), "source": "task-hook"}
+    if event == "step_end":
+        fields["exit_code"] = None
+    req = {"op": "event", "run_id": f"slurm-{job}", "event": event, "t": time.time(), **fields}
+    reply = agent_request(os.path.join(cfg.spool_dir(), "agent.sock"), req,
+                          _remaining(deadline) * 0.8)
+    if not reply.get("ok"):
+        raise RuntimeError(f"agent refused {event} of job {job}: {reply.get('error')}")
+
+
+def analyze_job(run_dir: str) -> int:
+    """The detached analysis after the Epilog: bounded by ``analysis_timeout_s``; logs, exit 0."""
+    job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
+    try:
+        cfg = load_config()
+    except ConfigError as e:
+        log("analysis", "ERROR", f"configuration error, analysis skipped: {e}", job)
+        return 0
+    try:
+        os.nice(cfg.analysis_nice)
+    except OSError:
+        pass
+    t0 = time.monotonic()
+    timeout = cfg.analysis_timeout_s
+
+    done = threading.Event()
+
+    def watchdog():
+        if done.wait(timeout + 5):
+            return
+        log("analysis", "ERROR", f"{run_dir}: killed after analysis_timeout_s={timeout:g} s "
+                                 "(watchdog); no report", job)
+        os._exit(0)
+
+    def on_alarm(signum, frame):
+        raise BudgetExceeded()
+
+    threading.Thread(target=watchdog, daemon=True).start()
+    signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout)
+    try:
+        mod, func = cfg.analyzer.split(":", 1)
+        import importlib
+        fn = getattr(importlib.import_module(mod), func)
+        fn(run_dir, cfg.as_analysis_config())
+        log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s", job)
+    except BudgetExceeded:
+        log("analysis", "ERROR", f"{run_dir}: analysis exceeded analysis_timeout_s={timeout:g} s;"
+                                 " abandoned, no report (raise the budget in "
+                                 f"{cfg.path or 'the configuration'})", job)
+    except BaseException as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+        log("analysis", "ERROR", f"{run_dir}: analysis failed ({cfg.analyzer}): "
+                                 f"{type(e).__name__}: {e}{where}", job)
+    finally:
+        done.set()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+    return 0
+
+
+def dispatch(name: str, env: dict[str, str] | None = None) -> int:
+    """Entry point of ``reveal slurm prolog|epilog|task-prolog|task-epilog``."""
+    env = dict(os.environ if env is None else env)
+    t0 = time.monotonic()
+    budget = {"prolog": 0.5, "epilog": 1.0}.get(name, 0.5)
+    try:
+        cfg = load_config()
+    except ConfigError as e:
+        log(name, "ERROR", f"configuration error, hook skipped: {e}")
+        return 0
+    except BaseException as e:  # noqa: BLE001
+        log(name, "ERROR", f"cannot load the configuration: {type(e).__name__}: {e}")
+        return 0
+    if not cfg.enabled:
+        return 0
+    budget = {"prolog": cfg.prolog_budget_s, "epilog": cfg.epilog_budget_s}.get(name, budget)
+    deadline = t0 + budget
+    fns = {"prolog": lambda: prolog(cfg, env, deadline),
+           "epilog": lambda: epilog(cfg, env, deadline),
+           "task-prolog": lambda: task_hook("step_start", cfg, env, deadline),
+           "task-epilog": lambda: task_hook("step_end", cfg, env, deadline)}
+    return run_hook(name, max(0.01, deadline - time.monotonic()), fns[name])

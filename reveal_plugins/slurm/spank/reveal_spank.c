@@ -1,0 +1,306 @@
+/*
+ * reveal_spank.c -- SPANK plugin of Reveal plugins.
+ *
+ * Registers --reveal[=off|on|live] for srun, sbatch and salloc (an unknown value is rejected
+ * before the job is submitted), and in remote context (slurmstepd, root) tells the node agent
+ * when each job step starts and ends -- the batch and extern steps included -- over the
+ * agent's Unix socket (<spool>/agent.sock, one JSON object per line, see docs/internals.md).
+ * If the agent is not listening yet (it is being started by the Prolog), the event is left as
+ * a file in <spool>/pending/, which the agent reads when it comes up.  No failure of this
+ * plugin ever fails a step: every remote callback returns 0.
+ *
+ * plugstack.conf:  optional /path/reveal_spank.so [spool=/var/spool/reveal] [default=on|off]
+ *                  [timeout_ms=300]
+ * Build: reveal slurm build-spank  (gcc -shared -fPIC against the installed slurm/spank.h).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(reveal, 1);
+
+#define MODE_UNSET (-1)
+#define MODE_OFF 0
+#define MODE_ON 1
+#define MODE_LIVE 2
+#define STEP_BATCH 0xfffffffbU
+#define STEP_EXTERN 0xfffffffcU
+#define STEP_INTERACTIVE 0xfffffffaU
+
+static const char *mode_names[] = {"off", "on", "live"};
+static int opt_mode = MODE_UNSET;     /* from --reveal */
+static int default_mode = MODE_ON;    /* from plugstack.conf default= */
+static char spool[PATH_MAX - 64] = "/var/spool/reveal";
+static int timeout_ms = 300;
+static int step_recorded = 0;
+static int have_exit = 0;
+static int step_exit = 0;
+static char step_name[32];
+static uint32_t job_id;
+
+static int parse_mode(const char *s)
+{
+	if (s == NULL || *s == '\0' || strcasecmp(s, "on") == 0)
+		return MODE_ON;
+	if (strcasecmp(s, "off") == 0)
+		return MODE_OFF;
+	if (strcasecmp(s, "live") == 0)
+		return MODE_LIVE;
+	return MODE_UNSET;
+}
+
+static int reveal_opt_cb(int val, const char *optarg, int remote)
+{
+	int m = parse_mode(optarg);
+
+	(void) val;
+	if (m == MODE_UNSET) {
+		slurm_error("reveal: invalid value '%s' for --reveal (expected off, on or live)",
+			    optarg);
+		return -1;
+	}
+	opt_mode = m;
+	(void) remote;
+	return 0;
+}
+
+struct spank_option spank_options[] = {
+	{"reveal", "[off|on|live]",
+	 "Reveal hardware telemetry of this job/step: on (default), off (not recorded), "
+	 "live (also detect anomalies while it runs).",
+	 2, 0, reveal_opt_cb},
+	SPANK_OPTIONS_TABLE_END
+};
+
+static int parse_args(int ac, char **av)
+{
+	for (int i = 0; i < ac; i++) {
+		if (strncmp(av[i], "spool=", 6) == 0) {
+			const char *v = av[i] + 6;
+			if (v[0] != '/' || strlen(v) >= sizeof(spool)) {
+				slurm_error("reveal: plugstack.conf argument '%s': spool must be an "
+					    "absolute path shorter than %zu", av[i], sizeof(spool));
+				return -1;
+			}
+			snprintf(spool, sizeof(spool), "%s", v);
+		} else if (strncmp(av[i], "default=", 8) == 0) {
+			int m = parse_mode(av[i] + 8);
+			if (m == MODE_UNSET) {
+				slurm_error("reveal: plugstack.conf argument '%s': expected "
+					    "default=off|on|live", av[i]);
+				return -1;
+			}
+			default_mode = m;
+		} else if (strncmp(av[i], "timeout_ms=", 11) == 0) {
+			int t = atoi(av[i] + 11);
+			if (t < 10 || t > 10000) {
+				slurm_error("reveal: plugstack.conf argument '%s': timeout_ms must be "
+					    "between 10 and 10000", av[i]);
+				return -1;
+			}
+			timeout_ms = t;
+		} else {
+			slurm_error("reveal: unknown plugstack.conf argument '%s' (known: spool=, "
+				    "default=, timeout_ms=)", av[i]);
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Write a request into <spool>/pending/ without following any symlink. */
+static int queue_pending(const char *json)
+{
+	char dir[PATH_MAX], name[112], final[96];
+	struct timeval tv;
+	struct stat st;
+	int dfd, fd;
+	size_t n = strlen(json);
+
+	snprintf(dir, sizeof(dir), "%s/pending", spool);
+	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0)
+		return -1;
+	if (fstat(dfd, &st) < 0 || st.st_uid != 0) {
+		close(dfd);
+		return -1;
+	}
+	gettimeofday(&tv, NULL);
+	snprintf(final, sizeof(final), "%ld.%06ld-spank%ld.json", (long) tv.tv_sec,
+		 (long) tv.tv_usec, (long) getpid());
+	snprintf(name, sizeof(name), ".%s.tmp", final);
+	fd = openat(dfd, name, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0) {
+		close(dfd);
+		return -1;
+	}
+	if (write(fd, json, n) != (ssize_t) n) {
+		close(fd);
+		unlinkat(dfd, name, 0);
+		close(dfd);
+		return -1;
+	}
+	close(fd);
+	if (renameat(dfd, name, dfd, final) < 0) {
+		unlinkat(dfd, name, 0);
+		close(dfd);
+		return -1;
+	}
+	close(dfd);
+	return 0;
+}
+
+/* Send one request; return 0 if the agent answered ok, 1 if it refused, -1 if unreachable.
+ * reply (may be NULL) receives the reply line. */
+static int agent_send(const char *json, char *reply, size_t rlen)
+{
+	struct sockaddr_un addr;
+	struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+	char buf[1024];
+	size_t got = 0, n = strlen(json);
+	int fd;
+
+	memset(&addr, 0, sizeof(addr));
+	addr.sun_family = AF_UNIX;
+	if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/agent.sock", spool) >=
+	    (int) sizeof(addr.sun_path))
+		return -1;
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0)
+		return -1;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (connect(fd, (struct sockaddr *) &addr, sizeof(addr)) < 0 ||
+	    write(fd, json, n) != (ssize_t) n) {
+		close(fd);
+		return -1;
+	}
+	while (got < sizeof(buf) - 1) {
+		ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
+		if (r <= 0)
+			break;
+		got += (size_t) r;
+		if (memchr(buf, '\n', got))
+			break;
+	}
+	close(fd);
+	buf[got] = '\0';
+	if (reply)
+		snprintf(reply, rlen, "%s", buf);
+	if (got == 0)
+		return -1;
+	return (strstr(buf, "\"ok\": true") || strstr(buf, "\"ok\":true")) ? 0 : 1;
+}
+
+static void send_event(const char *event, const char *extra)
+{
+	char json[512], reply[1024];
+	struct timeval tv;
+	int rc;
+
+	gettimeofday(&tv, NULL);
+	snprintf(json, sizeof(json),
+		 "{\"op\": \"event\", \"run_id\": \"slurm-%u\", \"event\": \"%s\", "
+		 "\"t\": %ld.%06ld, \"step_id\": \"%s\", \"source\": \"spank\"%s}\n",
+		 job_id, event, (long) tv.tv_sec, (long) tv.tv_usec, step_name, extra);
+	rc = agent_send(json, reply, sizeof(reply));
+	if (rc == 0)
+		return;
+	/* Agent still starting (Prolog queued the registration): queue behind it. */
+	if (rc < 0 || (strcmp(event, "step_start") == 0 && strstr(reply, "not registered"))) {
+		if (queue_pending(json) == 0) {
+			slurm_debug("reveal: agent at %s/agent.sock not ready; %s of step %u.%s "
+				    "queued", spool, event, job_id, step_name);
+			return;
+		}
+	}
+	slurm_info("reveal: %s of step %u.%s not recorded: %s", event, job_id, step_name,
+		   rc < 0 ? "agent unreachable" : reply);
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	spank_context_t ctx = spank_context();
+
+	if (parse_args(ac, av) < 0)
+		return ctx == S_CTX_REMOTE ? 0 : -1;
+	(void) sp;
+	/* spank_options[] registers --reveal in local/allocator/remote context. */
+	return 0;
+}
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	uint32_t step = 0;
+	int mode;
+	char extra[64];
+
+	(void) ac; (void) av;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+	mode = opt_mode == MODE_UNSET ? default_mode : opt_mode;
+	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
+		return 0;
+	if (step == STEP_BATCH)
+		snprintf(step_name, sizeof(step_name), "batch");
+	else if (step == STEP_EXTERN)
+		snprintf(step_name, sizeof(step_name), "extern");
+	else if (step == STEP_INTERACTIVE)
+		snprintf(step_name, sizeof(step_name), "interactive");
+	else
+		snprintf(step_name, sizeof(step_name), "%u", step);
+	if (mode == MODE_OFF) {
+		slurm_debug("reveal: step %u.%s not recorded (--reveal=off)", job_id, step_name);
+		return 0;
+	}
+	snprintf(extra, sizeof(extra), ", \"mode\": \"%s\"", mode_names[mode]);
+	send_event("step_start", extra);
+	step_recorded = 1;
+	return 0;
+}
+
+int slurm_spank_task_exit(spank_t sp, int ac, char **av)
+{
+	int status = 0, code;
+
+	(void) ac; (void) av;
+	if (spank_context() != S_CTX_REMOTE || !step_recorded)
+		return 0;
+	if (spank_get_item(sp, S_TASK_EXIT_STATUS, &status) != ESPANK_SUCCESS)
+		return 0;
+	code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+	if (!have_exit || (step_exit == 0 && code != 0))
+		step_exit = code;
+	have_exit = 1;
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	char extra[64];
+
+	(void) sp; (void) ac; (void) av;
+	if (spank_context() != S_CTX_REMOTE || !step_recorded)
+		return 0;
+	if (have_exit)
+		snprintf(extra, sizeof(extra), ", \"exit_code\": %d", step_exit);
+	else
+		snprintf(extra, sizeof(extra), ", \"exit_code\": null");
+	send_event("step_end", extra);
+	step_recorded = 0;
+	return 0;
+}
