@@ -1,0 +1,93 @@
+"""One agent serves several runs; peer credentials decide who may do what."""
+import os
+import pathlib
+import shutil
+import tempfile
+import pwd
+import subprocess
+import sys
+import time
+
+import pytest
+
+from reveal_plugins.telemetry import store
+from reveal_plugins.telemetry.client import AgentClient, AgentError, ensure_agent
+from reveal_plugins.types import RunInfo
+
+
+@pytest.fixture
+def agent():
+    # Under /tmp (not pytest's 0700 tmp_path) so that other local users can reach the socket,
+    # as they can reach /var/spool/reveal/agent.sock on a node.
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix="reveal-agent-test-"))
+    os.chmod(tmp, 0o755)
+    client = ensure_agent(str(tmp / "spool"), 0.1)
+    yield client, tmp
+    try:
+        client.shutdown()
+    except AgentError:
+        pass
+    client.proc.wait(timeout=20)
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def test_two_runs_share_one_agent_and_get_their_own_slices(agent):
+    client, tmp = agent
+    a = client.register(RunInfo(run_id="a", run_dir=str(tmp / "a"), job_id="1"))
+    time.sleep(1.0)
+    b = client.register(RunInfo(run_id="b", run_dir=str(tmp / "b"), job_id="2"))
+    client.event("b", "step_start", step_id="0")
+    time.sleep(1.0)
+    client.event("b", "step_end", step_id="0", exit_code=0)
+    assert {r["run_id"] for r in client.status()["runs"]} == {"a", "b"}
+    client.unregister("b", 0)
+    time.sleep(0.5)
+    client.unregister("a", 1)
+    ra, rb = store.load_run(a), store.load_run(b)
+    assert rb.frame.t[0] > ra.frame.t[0] + 0.8 and ra.frame.t[-1] > rb.frame.t[-1]
+    assert len(ra.frame.t) > len(rb.frame.t) >= 8
+    common = set(ra.frame.t) & set(rb.frame.t)
+    assert len(common) >= 8, "both runs receive the same host samples (sampled once)"
+    assert rb.meta["steps"][0]["step_id"] == "0" and rb.meta["steps"][0]["exit_code"] == 0
+    assert ra.meta["exit_code"] == 1
+
+
+def test_errors_name_the_problem(agent):
+    client, tmp = agent
+    with pytest.raises(AgentError, match="run_id 'nope' is not registered"):
+        client.event("nope", "step_start", step_id="1")
+    with pytest.raises(AgentError, match="unknown op 'bogus'"):
+        client.request({"op": "bogus"})
+    with pytest.raises(AgentError, match=r"unknown run field\(s\): \['colour'\]"):
+        client.request({"op": "register", "run": {"run_id": "x", "run_dir": "/tmp/x",
+                                                  "colour": 1}})
+    with pytest.raises(AgentError, match="must be a non-empty name without '/'"):
+        client.register(RunInfo(run_id="../x", run_dir=str(tmp / "x")))
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to act as another user")
+def test_other_users_cannot_register_or_touch_foreign_runs(agent):
+    client, tmp = agent
+    nobody = pwd.getpwnam("nobody")
+    client.register(RunInfo(run_id="rootrun", run_dir=str(tmp / "r"), uid=0))
+    # Plain sockets, so that any python the other user may execute will do.
+    script = (
+        "import json, socket\n"
+        f"path = {client.socket_path!r}\n"
+        "def req(r):\n"
+        "    s = socket.socket(socket.AF_UNIX); s.connect(path)\n"
+        "    s.sendall((json.dumps(r) + '\\n').encode()); rep = json.loads(s.makefile().readline())\n"
+        "    return 'allowed' if rep['ok'] else rep['error']\n"
+        "print(req({'op': 'register', 'run': {'run_id': 'evil', 'run_dir': '/tmp/evil'}}))\n"
+        "print(req({'op': 'event', 'run_id': 'rootrun', 'event': 'step_start', 'step_id': '9'}))\n"
+        "print(req({'op': 'shutdown'}))\n")
+    py = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    p = subprocess.run([py, "-c", script], user=nobody.pw_uid, group=nobody.pw_gid,
+                       capture_output=True, text=True, timeout=30, cwd="/")
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 3, p.stderr
+    assert "may not register runs" in lines[0]
+    assert "may not act on run 'rootrun'" in lines[1]
+    assert "only root or the agent's user may shut it down" in lines[2]
+    assert client.alive()
+    assert not os.path.exists("/tmp/evil")
