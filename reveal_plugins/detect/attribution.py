@@ -1,0 +1,115 @@
+"""Attribution: which channels moved during an event, by how much, and which subsystem it is.
+
+Deviation of a channel = (observed mean over the event - reference level) / reference spread,
+where the reference is the run's own normal windows (or a baseline) and the spread is floored
+at a practical minimum (:func:`reveal_plugins.detect.features.unit_floor`).
+
+Subsystem choice: every subsystem scores the mean of log(1+|deviation|) of its two strongest
+channels.  CPU time is the common carrier of almost any disturbance (a process that thrashes a
+disk or allocates memory also burns CPU), so CPU must win clearly to be chosen: its score is
+discounted by ``CPU_CARRIER``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .features import robust_center_scale
+
+CPU_CARRIER = 0.8
+#: Discount for subsystems whose channels rarely cause a slowdown by themselves.
+DISCOUNT = {"cpu": CPU_CARRIER, "system": 0.6}
+
+
+def reference(means: np.ndarray, rows: np.ndarray, floors: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Reference level and spread of every channel over the given (normal) windows."""
+    if rows.sum() < 3:
+        rows = np.ones(len(means), bool)
+    return robust_center_scale(means[rows].astype(np.float64), floors)
+
+
+def deviations(observed: np.ndarray, center: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    d = (observed - center) / scale
+    return np.where(np.isfinite(d), d, 0.0)
+
+
+def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0) -> dict[str, float]:
+    subs: dict[str, list[float]] = {}
+    for d, n in zip(np.abs(dev), names):
+        if d >= min_dev:
+            subs.setdefault(n.split(".", 1)[0], []).append(float(np.log1p(d)))
+    out = {}
+    for s, vals in subs.items():
+        vals.sort(reverse=True)
+        out[s] = float(np.mean(vals[:2])) * DISCOUNT.get(s, 1.0)
+    return out
+
+
+def choose_subsystem(dev: np.ndarray, names: list[str]) -> tuple[str, dict[str, float]]:
+    scores = subsystem_scores(dev, names)
+    if not scores:
+        scores = subsystem_scores(dev, names, min_dev=0.0)
+    if not scores:
+        return "system", {}
+    best = max(scores, key=scores.get)
+    return best, scores
+
+
+def evidence(dev: np.ndarray, observed: np.ndarray, center: np.ndarray, names: list[str],
+             units: list[str], top: int = 8, min_dev: float = 2.0,
+             prefer: str | None = None) -> list[dict]:
+    """The channels that moved most, strongest first (at least one entry)."""
+    order = np.argsort(-np.abs(dev))
+    out = []
+    for i in order[:max(top * 3, top)]:
+        if len(out) >= top:
+            break
+        if abs(dev[i]) < min_dev and out:
+            break
+        out.append({"channel": names[i], "deviation": round(float(dev[i]), 2),
+                    "baseline": _num(center[i]), "observed": _num(observed[i]),
+                    "unit": units[i]})
+    if prefer and out and not any(e["channel"].startswith(prefer + ".") for e in out[:3]):
+        # Put the chosen subsystem's strongest channel first so the summary reads naturally.
+        for i in order:
+            if names[i].startswith(prefer + "."):
+                e = {"channel": names[i], "deviation": round(float(dev[i]), 2),
+                     "baseline": _num(center[i]), "observed": _num(observed[i]),
+                     "unit": units[i]}
+                out = [e] + [x for x in out if x["channel"] != names[i]][:top - 1]
+                break
+    return out
+
+
+def _num(x: float) -> float | None:
+    x = float(x)
+    if not np.isfinite(x):
+        return None
+    return float(f"{x:.6g}")
+
+
+def iteration_impact(events: list[dict], start: float, end: float,
+                     anomalous: list[tuple[float, float]]) -> dict | None:
+    """Median iteration time inside [start, end] vs outside every anomaly, when markers exist."""
+    its = [(float(e["t"]), float(e["dt"])) for e in events
+           if e.get("event") == "iteration" and isinstance(e.get("dt"), (int, float))
+           and e["dt"] > 0]
+    if len(its) < 4:
+        return None
+    t = np.array([a for a, _ in its])
+    dt = np.array([b for _, b in its])
+    inside = (t >= start) & (t <= end + 1.0)
+    outside = np.ones(len(t), bool)
+    for a, b in anomalous:
+        outside &= ~((t >= a - 1.0) & (t <= b + 2.0))
+    if inside.sum() < 1 or outside.sum() < 3:
+        return None
+    base = float(np.median(dt[outside]))
+    obs = float(np.median(dt[inside]))
+    if base <= 0:
+        return None
+    pct = 100.0 * (obs - base) / base
+    return {"iteration_time_pct": round(pct, 1), "iteration_time_s": round(obs, 6),
+            "iteration_time_baseline_s": round(base, 6), "iterations": int(inside.sum()),
+            "text": f"iteration time {pct:+.0f}% during this anomaly "
+                    f"({obs:.3g} s vs {base:.3g} s typical)"}

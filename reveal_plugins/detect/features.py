@@ -1,0 +1,132 @@
+"""Window statistics -> a robust-scaled feature matrix, with practical-significance floors.
+
+Robust scaling alone turns a channel that is almost constant in a healthy run (a disk that
+writes 4 KiB now and then, zero major faults) into a hair trigger.  Every channel therefore
+gets a *floor*: the smallest change a person would call a change in that unit (2 percentage
+points, 5 % of a core, 1 MiB/s, 64 MiB of memory ...).  Deviations are measured in units of
+``max(robust spread, floor)``.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import numpy as np
+
+from .windows import STATS, Windows
+
+#: Clip scaled features so one extreme channel cannot swamp the detectors.
+CLIP = 50.0
+
+_MiB = 1024.0 * 1024.0
+
+
+def unit_floor(name: str, unit: str) -> float:
+    """Smallest meaningful change for a channel, in its prepared unit (rates are per second)."""
+    u = (unit or "").strip().lower()
+    leaf = name.rsplit(".", 1)[-1].lower()
+    if u in ("%", "percent", "pct") or leaf.endswith("_pct") or leaf.endswith("pct"):
+        return 2.0
+    if "psi" in name and (u.startswith("us") or u.startswith("µs")):
+        return 20_000.0            # 2 % of the time stalled
+    if "psi" in name and u in ("", "%", "pct"):
+        return 2.0
+    if u.startswith("ticks") or u.startswith("jiffies"):
+        return 5.0                 # 5 % of one core (USER_HZ=100)
+    if u in ("b/s", "bytes/s", "byte/s"):
+        return 1.0 * _MiB
+    if u in ("kb/s", "kib/s"):
+        return 1024.0
+    if u in ("sectors/s", "sector/s"):
+        return 2048.0
+    if u in ("kb", "kib"):
+        return 64 * 1024.0
+    if u in ("b", "bytes", "byte"):
+        return 64 * _MiB
+    if u in ("mb", "mib"):
+        return 64.0
+    if u in ("pages/s", "page/s"):
+        return 256.0
+    if u in ("pages",):
+        return 16384.0
+    if u.startswith("ms/s"):
+        return 20.0                # 2 % busy (io_ticks)
+    if u.startswith("us/s") or u.startswith("µs/s"):
+        return 20_000.0
+    if u.startswith("ns/s"):
+        return 2e7
+    if u in ("c", "°c", "celsius", "degc"):
+        return 3.0
+    if u in ("w", "watt", "watts", "mw"):
+        return 10.0 if u != "mw" else 10_000.0
+    if u in ("mhz",):
+        return 50.0
+    if u in ("hz",):
+        return 50e6
+    if u in ("packets/s", "pkts/s", "packet/s"):
+        return 200.0
+    if re.search(r"(err|drop|retrans|fault|xid|ecc|oom)", leaf):
+        return 1.0
+    if "load" in leaf:
+        return 0.5
+    if "procs_running" in leaf or "procs_blocked" in leaf or "running" in leaf:
+        return 1.0
+    if u.endswith("/s"):
+        return 20.0
+    return 1e-6
+
+
+def channel_floors(names: list[str], units: list[str]) -> np.ndarray:
+    return np.array([unit_floor(n, u) for n, u in zip(names, units)], dtype=np.float64)
+
+
+def robust_center_scale(A: np.ndarray, floor: np.ndarray, rel: float = 0.02
+                        ) -> tuple[np.ndarray, np.ndarray]:
+    """Median and max(1.4826*MAD, floor, rel*|median|) per column, NaN-aware."""
+    with np.errstate(all="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            med = np.nanmedian(A, axis=0)
+            mad = 1.4826 * np.nanmedian(np.abs(A - med), axis=0)
+    med = np.where(np.isfinite(med), med, 0.0)
+    mad = np.where(np.isfinite(mad), mad, 0.0)
+    scale = np.maximum(np.maximum(mad, floor), rel * np.abs(med))
+    return med, np.maximum(scale, 1e-12)
+
+
+@dataclass
+class Scaler:
+    """Per-feature robust centre and scale (learned from a run's own windows or a baseline)."""
+
+    center: np.ndarray
+    scale: np.ndarray
+
+    def transform(self, F: np.ndarray) -> np.ndarray:
+        Z = (F - self.center) / self.scale
+        Z = np.where(np.isfinite(Z), Z, 0.0)
+        return np.clip(Z, -CLIP, CLIP).astype(np.float32)
+
+    def to_dict(self) -> dict:
+        return {"center": self.center.tolist(), "scale": self.scale.tolist()}
+
+
+def feature_matrix(win: Windows, cols: np.ndarray | None = None,
+                   stats: tuple[str, ...] = STATS) -> np.ndarray:
+    """(m, len(cols)*len(stats)) raw feature matrix, channel-major (c0.mean, c0.std, ...)."""
+    first = win.stats[stats[0]]
+    cols = np.arange(first.shape[1]) if cols is None else cols
+    parts = [win.stats[s][:, cols].astype(np.float64) for s in stats]
+    return np.stack(parts, axis=2).reshape(len(win), -1)
+
+
+def feature_floors(ch_floor: np.ndarray, window_s: float, stats: tuple[str, ...] = STATS
+                   ) -> np.ndarray:
+    mult = {"mean": 1.0, "min": 1.0, "max": 1.0, "std": 0.5, "slope": 1.0 / max(window_s, 1.0)}
+    return np.stack([ch_floor * mult[s] for s in stats], axis=1).reshape(-1)
+
+
+def fit_scaler(F: np.ndarray, floors: np.ndarray, fit_rows: np.ndarray | None = None) -> Scaler:
+    A = F if fit_rows is None else F[fit_rows]
+    c, s = robust_center_scale(A, floors)
+    return Scaler(c, s)

@@ -1,0 +1,372 @@
+"""The analysis pipeline: prepare -> windows -> features -> prune -> detectors -> fuse ->
+events -> attribution -> hints -> report.
+
+:func:`detect` works on plain arrays (tests feed it synthetic frames); :func:`analyze` loads a
+run directory and never raises for bad data: an empty, constant, truncated or corrupt run gives
+a valid report with a note.  Only a path that is not a run directory at all raises
+:class:`reveal_plugins.telemetry.store.StoreError` (its message names the path).
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..types import ChannelMeta
+from . import attribution as attr
+from .detectors import builtin_detectors, fuse, normalize
+from .events import group, span
+from .features import channel_floors, feature_floors, feature_matrix, fit_scaler
+from .prepare import informative, prepare
+from .prune import prune
+from .report import empty_report, run_section, summary, telemetry_section, SCHEMA
+from .windows import sliding_windows
+
+log = logging.getLogger(__name__)
+
+DEFAULTS: dict[str, Any] = {
+    "window_s": 3.0,          # window length (paper: 3 s)
+    "stride_s": 1.0,          # window stride (paper: 1 s)
+    "prune_threshold": 0.5,   # |r| above which correlated channels are pruned (paper: 0.5)
+    "threshold": 5.0,         # fused score (robust sigmas of the detectors' own scores)
+    "min_windows": 3,         # flagged windows an event needs
+    "gap_s": 3.0,             # flagged windows closer than this merge into one event
+    "warmup_s": 10.0,         # start of every run/step: interpreter start-up, data loading
+    "cooldown_s": 3.0,        # end of every run/step: teardown
+    "min_deviation": 4.0,     # an event needs a channel this far out (floored robust units)
+    "baseline_threshold": 6.0,
+    "max_anomalies": 50,
+}
+
+
+@dataclass
+class Detection:
+    """What :func:`detect` found, plus what the report needs to describe the analysis."""
+
+    anomalies: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    analysis: dict = field(default_factory=dict)
+    samples: int = 0
+    t_first: float | None = None
+    t_last: float | None = None
+
+
+def _config(config: dict | None) -> dict:
+    cfg = dict(DEFAULTS)
+    for k, v in (config or {}).items():
+        if k in DEFAULTS and v is not None:
+            cfg[k] = type(DEFAULTS[k])(v)
+        else:
+            cfg[k] = v
+    if cfg["stride_s"] <= 0 or cfg["window_s"] <= 0:
+        raise ValueError(f"window_s/stride_s must be > 0 (got {cfg['window_s']}/"
+                         f"{cfg['stride_s']})")
+    return cfg
+
+
+def _detectors(cfg: dict) -> list:
+    try:
+        from ..hooks.manager import call_safely
+
+        dets = [d for lst in call_safely("reveal_detectors", config=cfg) for d in (lst or [])]
+    except Exception as e:  # plugin manager unusable: keep the built-ins
+        log.warning("detector plugins unavailable (%s); using built-ins", e)
+        dets = []
+    return dets or builtin_detectors(cfg)
+
+
+def _boundaries(meta: dict, events: list[dict], t_first: float, t_last: float
+                ) -> tuple[list[float], list[float]]:
+    starts, ends = [t_first], [t_last]
+    for s in meta.get("steps") or []:
+        if isinstance(s, dict):
+            if isinstance(s.get("start"), (int, float)):
+                starts.append(float(s["start"]))
+            if isinstance(s.get("end"), (int, float)):
+                ends.append(float(s["end"]))
+    for e in events:
+        if e.get("event") == "step_start":
+            starts.append(float(e["t"]))
+        elif e.get("event") == "step_end":
+            ends.append(float(e["t"]))
+    return sorted(set(starts)), sorted(set(ends))
+
+
+def _suppressed(ws: np.ndarray, we: np.ndarray, starts: list[float], ends: list[float],
+                warmup: float, cooldown: float) -> np.ndarray:
+    s = np.zeros(len(ws), bool)
+    for a in starts:
+        s |= (we > a) & (ws < a + warmup)
+    for b in ends:
+        s |= (we > b - cooldown) & (ws < b)
+    return s
+
+
+#: Memory "level" gauges that drift between runs with the page cache, not with the job.
+_BASELINE_SKIP = ("memory.Cached", "memory.Buffers", "memory.MemFree", "memory.Inactive",
+                  "memory.Active", "memory.Dirty", "memory.Writeback", "memory.Mapped",
+                  "memory.Slab", "memory.SReclaimable", "memory.SUnreclaim", "memory.KReclaimable",
+                  "memory.Shmem", "memory.PageTables", "memory.KernelStack", "memory.Unevictable",
+                  "memory.Mlocked", "memory.Vmalloc", "memory.Percpu", "memory.MemTotal",
+                  "memory.Hugepages", "memory.HugePages", "memory.DirectMap", "memory.CmaFree")
+
+
+def baseline_columns(names: Sequence[str], baseline: dict) -> tuple[np.ndarray, np.ndarray,
+                                                                     np.ndarray]:
+    """Columns of ``names`` the baseline covers, with its centre and scale for each."""
+    bch = {c["name"]: c for c in baseline.get("channels", [])}
+    cols, cen, sca = [], [], []
+    for i, n in enumerate(names):
+        c = bch.get(n)
+        if c is None or n.startswith(_BASELINE_SKIP):
+            continue
+        cols.append(i)
+        cen.append(float(c["center"]))
+        sca.append(float(c["scale"]))
+    return np.array(cols, np.intp), np.array(cen), np.array(sca)
+
+
+def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
+           meta: dict | None = None, events: list[dict] | None = None,
+           config: dict | None = None, baseline: dict | None = None) -> Detection:
+    """Find anomalies in one frame of raw samples (counters cumulative)."""
+    cfg = _config(config)
+    meta = meta or {}
+    events = events or []
+    out = Detection()
+    P = prepare(t, values, metas, interval_s=None, drop=False)
+    out.notes += P.notes
+    out.samples = len(P.t)
+    if len(P.t):
+        out.t_first, out.t_last = float(P.t[0]), float(P.t[-1])
+    out.analysis = {"window_s": cfg["window_s"], "stride_s": cfg["stride_s"],
+                    "threshold": cfg["threshold"], "channels_in": len(metas)}
+    if len(P.t) < 2:
+        out.notes.append(f"only {len(P.t)} sample(s): nothing to analyse")
+        return out
+    keep, reasons = informative(P.X)
+    out.analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
+    win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s)
+    m = len(win)
+    out.analysis["windows"] = m
+    if m < 2 * cfg["min_windows"] + 2:
+        out.notes.append(f"run too short for {cfg['window_s']:g} s windows every "
+                         f"{cfg['stride_s']:g} s ({P.t[-1] - P.t[0]:.1f} s of samples): "
+                         "nothing to analyse")
+        return out
+    starts, ends = _boundaries(meta, events, out.t_first, out.t_last)
+    supp = _suppressed(win.start, win.end, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
+    valid = win.valid.copy()
+    fitrows = valid & ~supp
+    if fitrows.sum() < 10:
+        fitrows = valid.copy()
+    if fitrows.sum() < 4:
+        out.notes.append("too few complete windows (gaps or missing samples): nothing to analyse")
+        return out
+    means = win.stats["mean"]
+    floors = channel_floors(P.names, P.units)
+    det_cols = np.nonzero(keep)[0]
+    base_cols = np.zeros(0, np.intp)
+    if baseline is not None:
+        base_cols, b_center, b_scale = baseline_columns(P.names, baseline)
+        out.analysis["baseline"] = {"runs": len(baseline.get("runs", [])),
+                                    "channels": int(len(base_cols))}
+        if len(base_cols) == 0:
+            out.notes.append("the baseline shares no channel with this run; ignored")
+    fused = np.zeros(m)
+    flag_self = np.zeros(m, bool)
+    if len(det_cols) == 0:
+        out.notes.append("every channel is constant, empty or all-zero: nothing varies, so "
+                         "there is nothing to detect within the run")
+    else:
+        Md = means[fitrows][:, det_cols].astype(np.float64)
+        c0, s0 = attr.reference(Md, np.ones(len(Md), bool), floors[det_cols])
+        with np.errstate(invalid="ignore"):
+            reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
+        kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"],
+                          np.minimum(reach, 50.0))
+        mcols = det_cols[kept]
+        F = feature_matrix(win, mcols)
+        scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows)
+        Z = scaler.transform(F)
+        del F
+        normed, names = [], []
+        for d in _detectors(cfg):
+            try:
+                d.fit(Z[fitrows])
+                s = np.asarray(d.score_samples(Z), dtype=np.float64)
+                normed.append(normalize(s, s[fitrows], float(getattr(d, "score_floor", 1e-6))))
+                names.append(getattr(d, "name", type(d).__name__))
+            except Exception as e:  # one broken detector must not cost the analysis
+                out.notes.append(f"detector {getattr(d, 'name', d)!r} failed: "
+                                 f"{type(e).__name__}: {e}")
+        fused = fuse(normed) if normed else np.zeros(m)
+        flag_self = valid & ~supp & (fused >= cfg["threshold"])
+        out.analysis.update({"detectors": names, "channels_analysed": int(len(det_cols)),
+                             "channels_modelled": int(len(mcols)), "pruned": len(rep)})
+    bscore = np.zeros(m)
+    flag_base = np.zeros(m, bool)
+    if len(base_cols):
+        Zb = np.abs((means[:, base_cols] - b_center) / b_scale)
+        Zb = np.where(np.isfinite(Zb), Zb, 0.0)
+        k = min(2, Zb.shape[1])
+        bscore = np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+        flag_base = valid & ~supp & (bscore >= cfg["baseline_threshold"])
+    flag = flag_self | flag_base
+    groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
+    # Reference for attribution: valid windows away (one window length) from any flag.
+    w = max(1, int(round(win.window_s / win.stride_s)))
+    near = np.convolve(flag.astype(int), np.ones(2 * w + 1, int), mode="same") > 0
+    normal = valid & ~near & ~supp
+    if normal.sum() < 5:
+        normal = valid & ~flag
+    center, scale = attr.reference(means, normal, floors)
+    spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
+    anomalies: list[dict] = []
+    weak = 0
+    host = meta.get("host") or (meta.get("run") or {}).get("host")
+    for (a, b), (s0, s1) in zip(groups, spans):
+        rows = np.arange(a, b + 1)
+        rows = rows[flag[rows]]
+        with np.errstate(all="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                observed = np.nanmean(means[rows].astype(np.float64), axis=0)
+        c_ref, s_ref = center.copy(), scale.copy()
+        from_baseline = bool(flag_base[rows].sum() > flag_self[rows].sum())
+        if from_baseline:
+            c_ref[base_cols], s_ref[base_cols] = b_center, b_scale
+        dev = attr.deviations(observed, c_ref, s_ref)
+        if from_baseline:  # only what the baseline covers is evidence against it
+            mask = np.zeros(len(dev), bool)
+            mask[base_cols] = True
+            dev = np.where(mask, dev, 0.0)
+        if np.max(np.abs(dev)) < cfg["min_deviation"]:
+            weak += 1
+            continue
+        sub, sub_scores = attr.choose_subsystem(dev, P.names)
+        ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub)
+        score = float(np.max(bscore[rows] if from_baseline else fused[rows]))
+        an = {"id": "", "start": s0, "end": s1, "node": host, "step_id": None,
+              "subsystem": sub, "score": round(score, 2), "evidence": ev, "hints": [],
+              "subsystem_scores": {k: round(v, 3) for k, v in sorted(
+                  sub_scores.items(), key=lambda kv: -kv[1])},
+              "windows": int(len(rows))}
+        if from_baseline:
+            an["baseline"] = True
+        impact = attr.iteration_impact(events, s0, s1, spans)
+        if impact:
+            an["impact"] = impact
+        an["step_id"] = _step_of(meta, events, s0)
+        chans = {P.names[i]: {"baseline": attr._num(c_ref[i]), "observed": attr._num(observed[i]),
+                              "deviation": round(float(dev[i]), 2), "unit": P.units[i]}
+                 for i in range(len(P.names))}
+        an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": impact,
+                                     "facts": meta.get("facts") or {}})
+        anomalies.append(an)
+    if weak:
+        out.notes.append(f"{weak} candidate window group(s) dismissed: no channel moved by "
+                         f"{cfg['min_deviation']:g} robust spreads (or its practical floor)")
+    anomalies.sort(key=lambda x: x["start"])
+    if len(anomalies) > cfg["max_anomalies"]:
+        out.notes.append(f"{len(anomalies)} anomalies; kept the {cfg['max_anomalies']} "
+                         "strongest")
+        anomalies = sorted(anomalies, key=lambda x: -x["score"])[:cfg["max_anomalies"]]
+        anomalies.sort(key=lambda x: x["start"])
+    for i, an in enumerate(anomalies, 1):
+        an["id"] = f"A{i}"
+    out.anomalies = anomalies
+    out.analysis["flagged_windows"] = int(flag.sum())
+    return out
+
+
+def _step_of(meta: dict, events: list[dict], t0: float) -> str | None:
+    steps = [s for s in (meta.get("steps") or []) if isinstance(s, dict)]
+    for s in steps:
+        a, b = s.get("start"), s.get("end")
+        if isinstance(a, (int, float)) and a <= t0 and (b is None or t0 <= b):
+            return str(s.get("step_id"))
+    cur = None
+    for e in sorted(events, key=lambda e: e.get("t", 0)):
+        if e.get("t", 0) > t0:
+            break
+        if e.get("event") == "step_start":
+            cur = str(e.get("step_id"))
+        elif e.get("event") == "step_end" and str(e.get("step_id")) == cur:
+            cur = None
+    return cur or ((meta.get("run") or {}).get("step_id"))
+
+
+_SEV = {"critical": 0, "warning": 1, "info": 2}
+
+
+def hints_for(anomaly: dict, context: dict) -> list[dict]:
+    """Ask every ``reveal_hints`` implementation; drop fallbacks when a specific rule fired."""
+    try:
+        from ..hooks.manager import call_safely
+
+        res = call_safely("reveal_hints", anomaly=anomaly, context=context)
+    except Exception as e:
+        log.warning("hint plugins unavailable: %s", e)
+        res = []
+    hints, seen = [], set()
+    for lst in res:
+        for h in lst or []:
+            if not isinstance(h, dict) or not {"title", "action", "severity"} <= set(h):
+                continue
+            if h["severity"] not in _SEV or h["title"] in seen:
+                continue
+            seen.add(h["title"])
+            hints.append(h)
+    specific = [h for h in hints if not h.get("fallback")]
+    hints = specific or hints
+    hints.sort(key=lambda h: _SEV[h["severity"]])
+    return hints
+
+
+def load_baseline(baseline: Any) -> dict | None:
+    if baseline is None or isinstance(baseline, dict):
+        return baseline
+    from .baseline import load
+
+    return load(str(baseline))
+
+
+def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
+    """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk)."""
+    from ..telemetry.store import load_run
+
+    t0 = time.perf_counter()
+    data = load_run(run_dir)   # StoreError (not a run directory) propagates, clearly worded
+    meta = data.meta
+    notes = list(data.warnings)
+    bl = load_baseline(baseline)
+    fr = data.frame
+    try:
+        det = detect(fr.t, fr.values, fr.channels, meta, data.events, config, bl)
+    except ValueError as e:   # configuration errors name the key and value
+        raise
+    except Exception as e:  # never a traceback for a user: a report that says what happened
+        log.exception("analysis of %s failed", run_dir)
+        rep = empty_report(meta, notes + [f"analysis failed: {type(e).__name__}: {e}"],
+                           len(fr.t), len(fr.channels), data.bytes_stored,
+                           float(fr.t[0]) if len(fr.t) else None,
+                           float(fr.t[-1]) if len(fr.t) else None)
+        return rep
+    if len(fr.t) == 0:
+        notes.append("the run holds no telemetry samples (no segment, or all unreadable)")
+    notes += det.notes
+    det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
+    if bl is not None:
+        det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
+    rep = {"schema": SCHEMA,
+           "run": run_section(meta, det.t_first, det.t_last),
+           "telemetry": telemetry_section(meta, len(fr.t), len(fr.channels), data.bytes_stored,
+                                          None),
+           "anomalies": det.anomalies, "notes": notes, "analysis": det.analysis}
+    rep["summary"] = summary(rep)
+    return rep

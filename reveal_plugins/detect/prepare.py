@@ -1,0 +1,271 @@
+"""Turn a loaded run into analysable series: counters -> rates, derived metrics, channel filtering.
+
+Called first by :func:`reveal_plugins.detect.analyze` (and, on a short horizon, by live mode).
+Promises: a float32 matrix ``X`` (samples x channels) of per-second rates and gauges with NaN
+for missing values, a name/unit/subsystem per column, and notes for everything surprising in the
+input (gaps, clock jumps, counter resets, dropped channels) -- never an exception for bad data.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..types import ChannelMeta
+
+#: Channels whose coefficient of variation is below this carry no information (paper: 0.01).
+CV_MIN = 0.01
+
+
+@dataclass
+class Prepared:
+    """Analysable series of one run (or one live horizon)."""
+
+    t: np.ndarray                 # (n,) unix seconds, increasing
+    X: np.ndarray                 # (n, c) float32, rates per second for counters, NaN = missing
+    names: list[str]
+    units: list[str]
+    notes: list[str] = field(default_factory=list)
+    dropped: dict[str, list[str]] = field(default_factory=dict)
+    interval_s: float = 1.0
+    gaps: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def subsystems(self) -> list[str]:
+        return [n.split(".", 1)[0] for n in self.names]
+
+    def index(self) -> dict[str, int]:
+        return {n: i for i, n in enumerate(self.names)}
+
+
+def _rate_unit(unit: str) -> str:
+    return (unit + "/s") if unit else "/s"
+
+
+def median_interval(t: np.ndarray) -> float:
+    if len(t) < 2:
+        return 1.0
+    d = np.diff(t)
+    d = d[d > 0]
+    return float(np.median(d)) if len(d) else 1.0
+
+
+def to_rates(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
+             interval_s: float | None = None) -> tuple[np.ndarray, list[str], list[str],
+                                                       list[str], list[tuple[float, float]]]:
+    """Counters -> per-second rates (first sample, resets and samples after a gap -> NaN).
+
+    Returns ``(X float32, names, units, notes, gaps)``.  A gap is a time step longer than five
+    sampling intervals (and at least 2 s): the agent paused, a segment was lost, or the wall
+    clock jumped; a rate across it would be meaningless.
+    """
+    notes: list[str] = []
+    n, c = values.shape
+    X = np.empty((n, c), dtype=np.float32)
+    names = [m.name for m in metas]
+    units = [m.unit for m in metas]
+    gaps: list[tuple[float, float]] = []
+    if n == 0:
+        return X, names, units, notes, gaps
+    iv = interval_s or median_interval(t)
+    dt = np.diff(t)
+    gap_idx = np.nonzero(dt > max(5 * iv, 2.0))[0]
+    for i in gap_idx[:5]:
+        gaps.append((float(t[i]), float(t[i + 1])))
+    if len(gap_idx):
+        notes.append(f"{len(gap_idx)} gap(s) in the samples (largest {dt[gap_idx].max():.1f} s at "
+                     f"t={t[gap_idx[np.argmax(dt[gap_idx])]]:.1f}): lost segment, agent pause or "
+                     "clock jump; rates across a gap are left out")
+    bad_dt = np.concatenate([[True], (dt <= 0) | (dt > max(5 * iv, 2.0))])
+    safe_dt = np.where(dt > 0, dt, np.nan)
+    counter = np.array([m.kind == "counter" for m in metas], bool)
+    resets = 0
+    for j in range(c):
+        col = values[:, j]
+        if counter[j]:
+            d = np.empty(n)
+            d[0] = np.nan
+            d[1:] = np.diff(col) / safe_dt
+            neg = d < 0
+            if neg.any():
+                resets += 1
+                d[neg] = np.nan
+            d[bad_dt] = np.nan
+            X[:, j] = d
+            units[j] = _rate_unit(units[j])
+        else:
+            X[:, j] = col
+    if resets:
+        notes.append(f"{resets} counter channel(s) went backwards (reset or wrap); those samples "
+                     "are left out")
+    return X, names, units, notes, gaps
+
+
+# -- derived metrics -------------------------------------------------------------------------
+
+_CPU_TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+
+
+def _derive(X: np.ndarray, names: list[str], units: list[str]) -> tuple[list[np.ndarray],
+                                                                         list[str], list[str]]:
+    """Derived metrics where their inputs exist (paper's list plus the usual OS ratios)."""
+    idx = {n: i for i, n in enumerate(names)}
+    cols: list[np.ndarray] = []
+    out_names: list[str] = []
+    out_units: list[str] = []
+
+    def add(name: str, col: np.ndarray, unit: str) -> None:
+        if name in idx:
+            return
+        cols.append(np.asarray(col, dtype=np.float32))
+        out_names.append(name)
+        out_units.append(unit)
+
+    def ratio(a: str, b: str, scale: float = 1.0) -> np.ndarray | None:
+        if a in idx and b in idx:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                den = X[:, idx[b]].astype(np.float64)
+                r = scale * X[:, idx[a]] / np.where(den > 0, den, np.nan)
+            return r
+        return None
+
+    # CPU busy / iowait / steal % from jiffy counters (all CPUs, and per core).
+    prefixes = sorted({n.rsplit(".", 1)[0] for n in names
+                       if n.startswith("cpu.") and n.rsplit(".", 1)[-1] == "idle"})
+    for p in prefixes:
+        parts = [f"{p}.{k}" for k in _CPU_TICKS if f"{p}.{k}" in idx]
+        if f"{p}.idle" not in idx or len(parts) < 3:
+            continue
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tot = np.sum([X[:, idx[q]].astype(np.float64) for q in parts], axis=0)
+            tot = np.where(tot > 0, tot, np.nan)
+            idle = X[:, idx[f"{p}.idle"]] + (X[:, idx[f"{p}.iowait"]] if f"{p}.iowait" in idx
+                                             else 0)
+            add(f"{p}.busy_pct", 100.0 * (tot - idle) / tot, "%")
+            if f"{p}.iowait" in idx:
+                add(f"{p}.iowait_pct", 100.0 * X[:, idx[f"{p}.iowait"]] / tot, "%")
+            if f"{p}.steal" in idx:
+                add(f"{p}.steal_pct", 100.0 * X[:, idx[f"{p}.steal"]] / tot, "%")
+    # Memory used %.
+    for base in ("memory", "memory.run"):
+        tot, av = f"{base}.MemTotal", f"{base}.MemAvailable"
+        if tot in idx and av in idx:
+            r = ratio(av, tot, 100.0)
+            if r is not None:
+                add(f"{base}.used_pct", 100.0 - r, "%")
+    # perf counters: IPC, branch-miss %, cache-miss %, L3 stall ratio (per prefix).
+    for n in names:
+        if n.endswith(".instructions"):
+            p = n[: -len(".instructions")]
+            for new, a, b, s, u in (("ipc", "instructions", "cycles", 1.0, "instr/cycle"),
+                                    ("branch_miss_pct", "branch_misses", "branches", 100.0, "%"),
+                                    ("cache_miss_pct", "cache_misses", "cache_references", 100.0,
+                                     "%"),
+                                    ("l3_stall_ratio", "stalls_l3_miss", "cycles", 1.0, "ratio")):
+                r = ratio(f"{p}.{a}", f"{p}.{b}", s)
+                if r is not None:
+                    add(f"{p}.{new}", r, u)
+    # GPU power vs limit, clocks vs max.
+    for n in names:
+        m = re.match(r"^(gpu\.\d+)\.(power|power_w|power_usage)$", n)
+        if m:
+            for lim in ("power_limit", "power_limit_w", "enforced_power_limit"):
+                r = ratio(n, f"{m.group(1)}.{lim}", 100.0)
+                if r is not None:
+                    add(f"{m.group(1)}.power_pct_of_limit", r, "%")
+                    break
+        m = re.match(r"^(gpu\.\d+)\.(clock_sm|sm_clock|clocks_sm)(_mhz)?$", n)
+        if m:
+            for mx in ("clock_sm_max", "sm_clock_max", "max_clock_sm", "clocks_sm_max",
+                       "clock_sm_max_mhz"):
+                r = ratio(n, f"{m.group(1)}.{mx}", 100.0)
+                if r is not None:
+                    add(f"{m.group(1)}.sm_clock_pct_of_max", r, "%")
+                    break
+    # Network utilisation % where the link speed (Mb/s) is known.
+    for n in names:
+        m = re.match(r"^(network\.[^.]+)\.(rx|tx)_bytes$", n)
+        if m and f"{m.group(1)}.speed" in idx:
+            sp = X[:, idx[f"{m.group(1)}.speed"]].astype(np.float64)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                add(f"{m.group(1)}.{m.group(2)}_util_pct",
+                    100.0 * X[:, idx[n]] * 8 / (np.where(sp > 0, sp, np.nan) * 1e6), "%")
+    return cols, out_names, out_units
+
+
+def add_derived(X: np.ndarray, names: list[str], units: list[str]
+                ) -> tuple[np.ndarray, list[str], list[str]]:
+    cols, dn, du = _derive(X, names, units)
+    if not cols:
+        return X, names, units
+    return (np.concatenate([X, np.stack(cols, axis=1).astype(np.float32)], axis=1),
+            names + dn, units + du)
+
+
+def informative(X: np.ndarray, cv_min: float = CV_MIN) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Mask of channels worth modelling: not all-NaN, not always zero, CV >= ``cv_min``."""
+    finite = np.isfinite(X)
+    any_finite = finite.any(axis=0)
+    Z = np.where(finite, X, 0.0).astype(np.float64)
+    cnt = np.maximum(finite.sum(axis=0), 1)
+    mean = Z.sum(axis=0) / cnt
+    var = np.maximum((Z * Z).sum(axis=0) / cnt - mean * mean, 0.0)
+    std = np.sqrt(var)
+    nonzero = np.abs(Z).max(axis=0) > 0 if len(Z) else np.zeros(X.shape[1], bool)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cv = np.where(np.abs(mean) > 0, std / np.abs(mean), np.where(std > 0, np.inf, 0.0))
+    reasons = {"all_nan": ~any_finite, "always_zero": any_finite & ~nonzero,
+               "near_constant": any_finite & nonzero & (cv < cv_min)}
+    keep = any_finite & nonzero & (cv >= cv_min)
+    return keep, reasons
+
+
+def prepare(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
+            interval_s: float | None = None, keep_channels: Sequence[str] | None = None,
+            drop: bool = True) -> Prepared:
+    """Rates, derived metrics and channel filtering for one run.
+
+    ``keep_channels`` (from a baseline) pins the channel set instead of filtering by this run's
+    own variability -- a channel stuck at a wrong constant is exactly what a baseline must see.
+    """
+    notes: list[str] = []
+    t = np.asarray(t, dtype=np.float64)
+    ok = np.isfinite(t)
+    if not ok.all():
+        notes.append(f"{int((~ok).sum())} sample(s) without a valid timestamp left out")
+        t, values = t[ok], values[ok]
+    if len(t) > 1:
+        order = np.argsort(t, kind="stable")
+        t, values = t[order], values[order]
+        dup = np.concatenate([[False], np.diff(t) <= 0])
+        if dup.any():
+            notes.append(f"{int(dup.sum())} sample(s) with a repeated timestamp left out "
+                         "(clock stepped backwards or a segment was written twice)")
+            t, values = t[~dup], values[~dup]
+    iv = interval_s or median_interval(t)
+    X, names, units, n2, gaps = to_rates(t, values, metas, iv)
+    notes += n2
+    X, names, units = add_derived(X, names, units)
+    dropped: dict[str, list[str]] = {}
+    if keep_channels is not None:
+        idx = {n: i for i, n in enumerate(names)}
+        sel = [idx[n] for n in keep_channels if n in idx]
+        missing = [n for n in keep_channels if n not in idx]
+        if missing:
+            notes.append(f"{len(missing)} baseline channel(s) absent from this run "
+                         f"(e.g. {missing[0]})")
+        X = X[:, sel]
+        names = [names[i] for i in sel]
+        units = [units[i] for i in sel]
+    elif drop and len(t) > 1:
+        keep, reasons = informative(X)
+        for r, m in reasons.items():
+            if m.any():
+                dropped[r] = [names[i] for i in np.nonzero(m)[0]]
+        sel = np.nonzero(keep)[0]
+        X = X[:, sel]
+        names = [names[i] for i in sel]
+        units = [units[i] for i in sel]
+    return Prepared(t, X, names, units, notes, dropped, iv, gaps)
