@@ -1,0 +1,111 @@
+"""``reveal report DIR|JOBID [--format text|json|html] [--out FILE]``.
+
+DIR is a run directory (or a job directory holding one run directory per node, or a
+report.json); JOBID is looked up in the spool (``$REVEAL_SPOOL`` or ``--spool``).  A run that
+has no report.json yet is analysed first.  Several nodes give one section per node (text,
+HTML) or ``{"schema": "reveal.job-report/1", "job_id", "reports": [...]}`` (JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from ..telemetry.store import StoreError
+from . import load
+from .progress import Progress
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reveal report", description=(
+        "Show a run's report: a one-screen text summary (default), the report.json, or a "
+        "self-contained HTML page with timelines."))
+    p.add_argument("target", metavar="DIR|JOBID",
+                   help="run directory, job directory, report.json, or Slurm job id")
+    p.add_argument("--format", "-f", choices=("text", "json", "html"), default="text")
+    p.add_argument("--out", "-o", metavar="FILE",
+                   help="write here instead of stdout (html default: DIR/report.html)")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
+                   help="colour the text summary (auto: only on a terminal, not with NO_COLOR)")
+    p.add_argument("--spool", metavar="DIR", help="spool root for JOBID (default $REVEAL_SPOOL "
+                   "or /var/spool/reveal)")
+    p.add_argument("--reanalyze", action="store_true",
+                   help="analyse again even if report.json exists")
+    return p
+
+
+def _write(text: str, out: str | None) -> None:
+    if out in (None, "-"):
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    d = os.path.dirname(os.path.abspath(out))
+    os.makedirs(d, exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        f.write(text)
+
+
+def collect(target: str, spool: str | None = None, reanalyze: bool = False,
+            progress: Progress | None = None) -> tuple[list[tuple[dict, str | None]], str | None]:
+    """[(report, run_dir or None)] for every node of the target, and the job id if any."""
+    progress = progress or Progress(False)
+    dirs, job_id = load.resolve_target(target, spool)
+    out = []
+    for i, d in enumerate(dirs, 1):
+        if os.path.isfile(d):
+            rep = load.read_report(d)
+            rd = os.path.dirname(os.path.abspath(d))
+            out.append((rep, rd if os.path.isfile(os.path.join(rd, "meta.json")) else None))
+            continue
+        has = os.path.isfile(os.path.join(d, "report.json"))
+        if reanalyze or not has:
+            progress.update(f"analysing {d}", i, len(dirs))
+        rep = load.get_report(d, reanalyze=reanalyze)
+        out.append((rep, d if os.path.isfile(os.path.join(d, "meta.json")) else None))
+    progress.done()
+    return out, job_id
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    progress = Progress()
+    try:
+        reports, job_id = collect(args.target, args.spool, args.reanalyze, progress)
+        if args.format == "json":
+            if len(reports) == 1:
+                doc = reports[0][0]
+            else:
+                doc = {"schema": "reveal.job-report/1", "job_id": job_id,
+                       "reports": [r for r, _ in reports]}
+            _write(json.dumps(doc, indent=1) + "\n", args.out)
+        elif args.format == "html":
+            from .html import render_job_html
+            html = render_job_html(reports, job_id, progress=progress)
+            out = args.out
+            if out is None:
+                base = reports[0][1] if len(reports) == 1 and reports[0][1] else None
+                out = os.path.join(base, "report.html") if base and os.access(base, os.W_OK) \
+                    else "report.html"
+            _write(html, out)
+            if out != "-":
+                print(f"wrote {out} ({os.path.getsize(out) / 1024:.0f} KiB); open it in a "
+                      "browser (works offline)", file=sys.stderr)
+        else:
+            from .text import render_job_text
+            color = {"always": True, "never": False}.get(args.color)
+            if color is None and args.out not in (None, "-"):
+                color = False
+            _write(render_job_text(reports, job_id, color=color), args.out)
+    except (load.ReportError, StoreError, OSError, ValueError) as e:
+        progress.done()
+        print(f"reveal report: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        progress.done()
+        return 130
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,464 @@
+"""The HTML report: one self-contained file (no network, no scripts) with run metadata, the
+anomaly table, the hints, and timelines of the key channels per subsystem drawn by matplotlib
+as inline SVG, anomalous windows shaded and labelled.
+
+Long runs stay light: every line is reduced to at most ``MAX_POINTS`` bins (mean line plus a
+min–max band, so short spikes stay visible) and SVG coordinates are rounded.
+"""
+from __future__ import annotations
+
+import datetime
+import html as _html
+import io
+import math
+import re
+from typing import Any
+
+import numpy as np
+
+from . import fmt, views
+from .load import RunView, host_of, load_view
+from .progress import Progress
+
+MAX_POINTS = 500
+MAX_EXTRA_PANELS = 4
+SUBSYSTEM_ORDER = ("cpu", "gpu", "memory", "storage", "network", "system")
+SUBSYSTEM_TITLES = {"cpu": "CPU", "gpu": "GPU", "memory": "Memory", "storage": "Storage",
+                    "network": "Network", "system": "System", "training": "Training"}
+COLORS = {"cpu": "#d62728", "memory": "#9467bd", "storage": "#8c564b", "network": "#1f77b4",
+          "gpu": "#2ca02c", "system": "#7f7f7f", "training": "#ff7f0e"}
+CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
+       "base-uri 'none'; form-action 'none'")
+
+CSS = """
+:root{--fg:#1d2330;--muted:#5b6475;--line:#dde1e8;--bg:#fff;--soft:#f5f7fa}
+*{box-sizing:border-box}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,"DejaVu Sans",sans-serif;
+ color:var(--fg);background:var(--bg);margin:0 auto;max-width:1180px;padding:20px 28px 60px}
+h1{font-size:22px;margin:0 0 4px} h2{font-size:19px;margin:34px 0 8px;
+ border-bottom:2px solid var(--line);padding-bottom:4px} h3{font-size:16px;margin:24px 0 8px}
+.verdict{font-size:16px;margin:6px 0 14px;padding:10px 14px;border-radius:6px;background:var(--soft)}
+.verdict.bad{background:#fdecea;border-left:5px solid #d62728}
+.verdict.ok{background:#eaf6ec;border-left:5px solid #2ca02c}
+.verdict.none{background:#fff6e0;border-left:5px solid #e0a100}
+table{border-collapse:collapse;width:100%;margin:4px 0 10px}
+th,td{text-align:left;padding:5px 8px;border-bottom:1px solid var(--line);vertical-align:top}
+th{font-weight:600;color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.03em}
+table.meta th{width:130px;text-transform:none;font-size:13px}
+td.num{text-align:right;font-variant-numeric:tabular-nums}
+code{font:12.5px ui-monospace,"DejaVu Sans Mono",monospace;background:var(--soft);
+ padding:1px 4px;border-radius:3px}
+.sub{display:inline-block;padding:1px 8px;border-radius:10px;color:#fff;font-size:12px;font-weight:600}
+.muted{color:var(--muted)} .small{font-size:12px}
+ul.hints{list-style:none;padding:0;margin:0}
+ul.hints li{border-left:5px solid #7aa7d9;background:var(--soft);margin:0 0 10px;padding:8px 12px;border-radius:4px}
+ul.hints li.critical{border-color:#d62728} ul.hints li.warning{border-color:#e0a100}
+.sev{font-size:11px;font-weight:700;letter-spacing:.05em;margin-right:6px}
+li.critical .sev{color:#b71c1c} li.warning .sev{color:#8a6300} li.info .sev{color:#1f5fa8}
+.hint-why{margin:3px 0} .hint-do{margin:3px 0}
+figure{margin:14px 0 22px} figcaption{font-weight:600;margin-bottom:2px}
+figure svg{width:100%;height:auto;display:block}
+.bars td{white-space:nowrap}
+.bar{display:inline-block;width:180px;height:10px;background:#e8ebf0;border-radius:5px;
+ overflow:hidden;vertical-align:middle;margin-right:8px}
+.bar span{display:block;height:100%;background:#2ca02c}
+nav a{margin-right:12px}
+footer{margin-top:40px;color:var(--muted);font-size:12px}
+details summary{cursor:pointer;color:var(--muted)}
+"""
+
+
+def esc(x: Any) -> str:
+    return _html.escape("" if x is None else str(x), quote=True)
+
+
+# -- plotting ----------------------------------------------------------------------------------
+
+def downsample(t: np.ndarray, y: np.ndarray, max_points: int = MAX_POINTS):
+    """(t, mean, lo, hi) with at most ``max_points`` bins; lo/hi are None when not reduced."""
+    n = len(t)
+    if n <= max_points:
+        return t, y, None, None
+    edges = np.linspace(0, n, max_points + 1).astype(int)[:-1]
+    fin = np.isfinite(y)
+    cnt = np.add.reduceat(fin.astype(float), edges)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.add.reduceat(np.where(fin, y, 0.0), edges) / cnt
+    lo = np.minimum.reduceat(np.where(fin, y, np.inf), edges)
+    hi = np.maximum.reduceat(np.where(fin, y, -np.inf), edges)
+    empty = cnt == 0
+    mean[empty] = lo[empty] = hi[empty] = np.nan
+    tm = np.add.reduceat(t, edges) / np.diff(np.append(edges, n))
+    return tm, mean, lo, hi
+
+
+_NUM_RE = re.compile(r"(-?\d+\.\d)\d+")
+_ID_RE = re.compile(r'(id="|url\(#|href="#)([A-Za-z_][\w.-]*)')
+_D_RE = re.compile(r'( d="|points=")([^"]*)"')
+
+
+def _svg(fig, prefix: str) -> str:
+    """The figure as inline SVG: no XML prologue, ids prefixed (several SVGs share one page),
+    coordinates rounded to 0.1 pt, scaled by CSS."""
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    s = buf.getvalue()
+    s = s[s.index("<svg"):]
+    s = _D_RE.sub(lambda m: m.group(1) + _NUM_RE.sub(r"\1", m.group(2)) + '"', s)
+    s = _ID_RE.sub(lambda m: m.group(1) + prefix + m.group(2), s)
+    s = re.sub(r'<svg([^>]*?) width="[^"]*" height="[^"]*"', r'<svg\1', s, count=1)
+    return s
+
+
+def _mmss(x: float, _pos=None) -> str:
+    return fmt.offset(x)[1:]
+
+
+class Panel:
+    def __init__(self, label: str, unit: str, t: np.ndarray, y: np.ndarray, color: str,
+                 step: bool = False):
+        self.label, self.unit, self.t, self.y, self.color, self.step = label, unit, t, y, color, step
+
+
+def _figure(panels: list[Panel], anomalies: list[tuple[int, dict]], t0: float, t_end: float,
+            own: str, steps: list[dict]):
+    import matplotlib
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    with plt.rc_context({"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 9,
+                         "axes.spines.top": False, "axes.spines.right": False,
+                         "path.simplify": True, "svg.hashsalt": "reveal",
+                         "font.family": "DejaVu Sans"}):
+        fig, axes = plt.subplots(len(panels), 1, sharex=True,
+                                 figsize=(10.5, 0.35 + 1.25 * len(panels)), squeeze=False)
+        axes = axes[:, 0]
+        for k, (ax, p) in enumerate(zip(axes, panels)):
+            x = p.t - t0
+            tm, mean, lo, hi = downsample(x, p.y)
+            if lo is not None:
+                ax.fill_between(tm, lo, hi, color=p.color, alpha=0.22, linewidth=0)
+            ax.plot(tm, mean, color=p.color, linewidth=1.1,
+                    drawstyle="steps-post" if p.step else "default")
+            ax.set_ylabel(p.unit, fontsize=8)
+            ax.set_title(p.label, loc="left", fontsize=9, pad=3)
+            ax.yaxis.set_major_locator(MaxNLocator(3))
+            ax.grid(axis="y", color="#e6e9ee", linewidth=0.6)
+            ymax = np.nanmax(hi if hi is not None else mean) if np.isfinite(mean).any() else 1
+            if np.isfinite(ymax) and ymax >= 0:
+                ax.set_ylim(bottom=min(0, float(np.nanmin(lo if lo is not None else mean))))
+            for n, a in anomalies:
+                mine = a["subsystem"] == own
+                ax.axvspan(a["start"] - t0, a["end"] - t0, color=COLORS.get(a["subsystem"], "#999"),
+                           alpha=0.20 if mine else 0.08, linewidth=0)
+                if k == 0:
+                    ax.annotate(f"#{n} {a['subsystem']}", xy=(a["start"] - t0, 1.0),
+                                xycoords=("data", "axes fraction"), xytext=(2, -2),
+                                textcoords="offset points", va="top", fontsize=8,
+                                fontweight="bold" if mine else "normal",
+                                color=COLORS.get(a["subsystem"], "#555"),
+                                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                      "alpha": 0.85})
+            for st in steps[1:]:
+                ax.axvline(st["start"] - t0, color="#888", linestyle=":", linewidth=0.8)
+        axes[-1].set_xlim(0, max(t_end - t0, 1e-3))
+        axes[-1].xaxis.set_major_formatter(FuncFormatter(_mmss))
+        axes[-1].xaxis.set_major_locator(MaxNLocator(10))
+        axes[-1].set_xlabel("time since start (m:ss)", fontsize=8)
+        fig.align_ylabels(axes)
+        fig.tight_layout(h_pad=0.6)
+        return fig
+
+
+def _figures(rep: dict, view: RunView, prefix: str, progress: Progress) -> list[tuple[str, str, str]]:
+    """[(subsystem, caption, svg)] for the run: a training panel when iteration markers exist,
+    then one figure per subsystem (anomalous subsystems first)."""
+    import matplotlib.pyplot as plt
+
+    t0, t_end = rep["run"]["start"], rep["run"]["end"]
+    if len(view.frame.t):
+        t0, t_end = min(t0, float(view.frame.t[0])), max(t_end, float(view.frame.t[-1]))
+    anomalies = list(enumerate(sorted(rep.get("anomalies") or [], key=lambda a: a["start"]), 1))
+    series = views.key_series(view.frame)
+    covered = {c for s in series for c in s.sources}
+    groups: dict[str, list[Panel]] = {}
+    for s in series:
+        groups.setdefault(s.subsystem, []).append(
+            Panel(s.label, s.unit, s.t, s.y, COLORS.get(s.subsystem, "#555"),
+                  step=s.key.endswith("runq")))
+    # channels named as evidence and not already shown by a key series
+    extra: dict[str, int] = {}
+    for _, a in anomalies:
+        for e in sorted(a.get("evidence") or [], key=lambda e: -abs(e.get("deviation") or 0)):
+            ch = e["channel"]
+            if ch not in covered and ch not in extra:
+                extra[ch] = 0
+    for ch in list(extra)[:MAX_EXTRA_PANELS * 3]:
+        s = views.channel_series(view.frame, ch)
+        if s is None:
+            continue
+        sub = s.subsystem
+        if sum(1 for p in groups.get(sub, []) if p.label.startswith(sub + ".")) >= MAX_EXTRA_PANELS:
+            continue
+        groups.setdefault(sub, []).append(Panel(f"{ch} (evidence)", s.unit, s.t, s.y,
+                                                COLORS.get(sub, "#555")))
+    bad = [a["subsystem"] for _, a in anomalies]
+    order = sorted(groups, key=lambda g: (g not in bad, SUBSYSTEM_ORDER.index(g)
+                                          if g in SUBSYSTEM_ORDER else 99))
+    it_t, it_dt = views.iteration_times(view.events)
+    todo: list[tuple[str, list[Panel]]] = []
+    if len(it_t) >= 2:
+        todo.append(("training", [Panel("iteration time (all ranks; from iteration markers)", "s",
+                                        it_t, it_dt, COLORS["training"])]))
+    todo += [(g, groups[g]) for g in order]
+    out = []
+    steps = rep["run"].get("steps") or []
+    for i, (sub, panels) in enumerate(todo, 1):
+        progress.update("drawing timelines", i, len(todo))
+        fig = _figure(panels, anomalies, t0, t_end, sub, steps)
+        try:
+            svg = _svg(fig, f"{prefix}{sub}-")
+        finally:
+            plt.close(fig)
+        n_an = sum(1 for _, a in anomalies if a["subsystem"] == sub)
+        cap = SUBSYSTEM_TITLES.get(sub, sub) + (f" — {n_an} anomal{'y' if n_an == 1 else 'ies'}"
+                                               if n_an else "")
+        out.append((sub, cap, svg))
+    return out
+
+
+# -- page sections -----------------------------------------------------------------------------
+
+def _meta_table(rep: dict, view: RunView | None) -> str:
+    run, tel = rep["run"], rep.get("telemetry", {})
+    rows = []
+    ident = []
+    if run.get("job_id"):
+        ident.append(f"job {run['job_id']}" + (f" step {run['step_id']}"
+                                               if run.get("step_id") not in (None, "") else ""))
+    ident.append(f"source {run.get('source', '?')}")
+    rows.append(("run", " · ".join(ident)))
+    rows.append(("user", run.get("user") or "?"))
+    rows.append(("nodes", ", ".join(run.get("nodes") or [])))
+    rows.append(("when", f"{fmt.clock(run['start'], True)} → {fmt.clock(run['end'])} "
+                         f"({fmt.duration(run['end'] - run['start'])})"))
+    ec = run.get("exit_code")
+    rows.append(("exit code", "?" if ec is None else str(ec)))
+    cmd = fmt.command_text(run.get("command"))
+    if cmd:
+        rows.append(("command", f"<code>{esc(cmd)}</code>"))
+    steps = run.get("steps") or []
+    if steps:
+        rows.append(("steps", ", ".join(
+            f"{esc(s['step_id'])} ({fmt.offset(s['start'] - run['start'])}"
+            + (f", {fmt.duration(s['end'] - s['start'])})" if s.get("end") else ")")
+            for s in steps[:20])))
+    tl = (f"{tel.get('samples', 0)} samples × {tel.get('channels', 0)} channels, every "
+          f"{fmt.number(tel.get('interval_s'), 's')}")
+    if tel.get("bytes_stored"):
+        tl += f", {fmt.number(tel['bytes_stored'] / 1e6, 'MB')} stored"
+    rows.append(("telemetry", esc(tl)))
+    out = ["<table class=meta>"]
+    for k, v in rows:
+        v = v if k in ("command", "telemetry", "steps") else esc(v)
+        out.append(f"<tr><th>{esc(k)}</th><td>{v}</td></tr>")
+    out.append("</table>")
+    if view is not None and len(view.frame.t):
+        out.append(_bars(view))
+    return "\n".join(out)
+
+
+def _bar(pct: float | None) -> str:
+    w = 0 if pct is None or not math.isfinite(pct) else max(0.0, min(100.0, pct))
+    return f'<span class=bar><span style="width:{w:.0f}%"></span></span>'
+
+
+def _bars(view: RunView) -> str:
+    u = views.utilization(view.frame)
+    rows = []
+    if u["cpu"]:
+        c = u["cpu"]
+        extra = f"{c['cores']} cores" if c.get("cores") else ""
+        if c.get("runq") is not None:
+            extra += f" · run queue {c['runq']:.1f}"
+        rows.append(("CPU", c["mean"], f"{c['mean']:.0f} % mean, {c['p95']:.0f} % p95", extra))
+    if u["memory"]:
+        m = u["memory"]
+        rows.append(("memory", 100 * m["used_mean"] / m["total"] if m["total"] else None,
+                     f"{m['used_mean']:.1f} of {m['total']:.1f} GiB",
+                     f"peak {m['used_max']:.1f} GiB"))
+    for g in u["gpus"]:
+        extra = []
+        if g["mem_used"] is not None:
+            extra.append(f"mem {g['mem_used']:.1f}" + (f"/{g['mem_total']:.0f}" if g["mem_total"]
+                                                       else "") + " GiB")
+        if g["power"] is not None:
+            extra.append(f"{g['power']:.0f} W")
+        if g["temp"] is not None:
+            extra.append(f"{g['temp']:.0f} °C")
+        main = (f"{g['util_mean']:.0f} % mean, {g['util_p95']:.0f} % p95"
+                if g["util_mean"] is not None else "utilization not read")
+        rows.append((f"GPU{g['index']}", g["util_mean"], main, " · ".join(extra)))
+    if not rows:
+        return ""
+    body = "".join(f"<tr><th>{esc(n)}</th><td>{_bar(p)}{esc(a)}</td><td class=muted>{esc(b)}</td></tr>"
+                   for n, p, a, b in rows)
+    return f"<h3>Utilization</h3><table class='meta bars'>{body}</table>"
+
+
+def _anomaly_table(rep: dict, view: RunView | None) -> str:
+    anomalies = sorted(rep.get("anomalies") or [], key=lambda a: a["start"])
+    if not anomalies:
+        return ""
+    t0 = rep["run"]["start"]
+    channels = view.channels if view else None
+    rows = []
+    for n, a in enumerate(anomalies, 1):
+        ev = sorted(a.get("evidence") or [], key=lambda e: -abs(e.get("deviation") or 0))[:3]
+        ev_html = "<br>".join(
+            f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}</span>"
+            for c, ch, z in (fmt.evidence_line(e, channels) for e in ev))
+        impact = a.get("impact")
+        if impact is None and view is not None:
+            impact = views.iteration_impact(view.events, a["start"], a["end"])
+        color = COLORS.get(a["subsystem"], "#777")
+        title = f"<div>{esc(a['title'])}</div>" if a.get("title") else ""
+        where = ", ".join(x for x in (a.get("node") if len(rep["run"].get("nodes") or []) > 1
+                                      else None,
+                                      f"step {a['step_id']}" if a.get("step_id") not in (None, "")
+                                      else None) if x)
+        rows.append(
+            f"<tr id='anomaly-{n}'><td><b>#{n}</b></td>"
+            f"<td><span class=sub style='background:{color}'>{esc(a['subsystem'])}</span></td>"
+            f"<td>{fmt.offset(a['start'] - t0)} → {fmt.offset(a['end'] - t0)}<br>"
+            f"<span class='muted small'>{fmt.clock(a['start'])}–{fmt.clock(a['end'])}"
+            f"{' · ' + esc(where) if where else ''}</span></td>"
+            f"<td class=num>{fmt.duration(a['end'] - a['start'])}</td>"
+            f"<td class=num>{a['score']:.1f}</td>"
+            f"<td>{title}{ev_html}</td><td>{esc(fmt.impact_text(impact) or '–')}</td></tr>")
+    head = ("<tr><th>#</th><th>subsystem</th><th>when</th><th>duration</th><th>score</th>"
+            "<th>evidence (baseline → observed, deviation)</th><th>impact</th></tr>")
+    return f"<h3>Anomalies</h3><table class=anomalies>{head}{''.join(rows)}</table>"
+
+
+def _hints(rep: dict) -> str:
+    anomalies = sorted(rep.get("anomalies") or [], key=lambda a: a["start"])
+    hints = fmt.unique_hints(anomalies)
+    if not hints:
+        return ""
+    items = []
+    for h, nums in hints:
+        sev = h.get("severity", "info")
+        refs = ", ".join(f"<a href='#anomaly-{n}'>#{n}</a>" for n in nums)
+        items.append(
+            f"<li class={esc(sev)}><div><span class=sev>{esc(sev.upper())}</span>"
+            f"<b>{esc(h.get('title'))}</b> <span class='muted small'>({refs})</span></div>"
+            + (f"<div class=hint-why>{esc(h.get('why'))}</div>" if h.get("why") else "")
+            + f"<div class=hint-do><b>Do:</b> {_code_spans(h.get('action', ''))}</div></li>")
+    return f"<h3>What to do</h3><ul class=hints>{''.join(items)}</ul>"
+
+
+def _code_spans(text: str) -> str:
+    """Escape, then show `backticked` parts as code."""
+    parts = esc(text).split("`")
+    return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+def _probes(rep: dict) -> str:
+    probes = rep.get("telemetry", {}).get("probes") or []
+    if not probes:
+        return ""
+    rows = "".join(f"<tr><td><code>{esc(p['name'])}</code></td><td>"
+                   f"{'yes' if p.get('available') else 'no'}</td>"
+                   f"<td class=muted>{esc(p.get('reason') or '')}</td></tr>" for p in probes)
+    n_ok = sum(1 for p in probes if p.get("available"))
+    return (f"<details><summary>Probes: {n_ok} of {len(probes)} read</summary>"
+            f"<table><tr><th>probe</th><th>read</th><th>why not</th></tr>{rows}</table></details>")
+
+
+def _verdict(rep: dict, view: RunView | None) -> str:
+    tel = rep.get("telemetry", {})
+    anomalies = rep.get("anomalies") or []
+    if not tel.get("samples") and not (view is not None and len(view.frame.t)):
+        return ("<p class='verdict none'><b>No telemetry was recorded for this run</b> "
+                f"(it lasted {fmt.duration(rep['run']['end'] - rep['run']['start'])}); "
+                "there is nothing to compare.</p>")
+    if rep.get("analysed") is False:
+        return f"<p class='verdict none'><b>{esc(rep.get('summary'))}</b></p>"
+    if not anomalies:
+        return ("<p class='verdict ok'><b>✓ No anomalies.</b> The hardware and OS signals "
+                f"stayed within what this run showed as normal. {esc(rep.get('summary'))}</p>")
+    return (f"<p class='verdict bad'><b>{len(anomalies)} anomal"
+            f"{'y' if len(anomalies) == 1 else 'ies'}.</b> {esc(rep.get('summary'))}</p>")
+
+
+def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
+             heading: bool) -> str:
+    ev = [e["channel"] for a in rep.get("anomalies") or [] for e in a.get("evidence") or []]
+    progress.update("loading telemetry")
+    view = load_view(run_dir, ev)
+    node = host_of(view.meta) if view else (rep["run"].get("nodes") or ["?"])[0]
+    parts = [f"<section class=node id='node-{esc(node)}'>"]
+    if heading:
+        parts.append(f"<h2>{esc(node)}</h2>")
+    parts.append(_verdict(rep, view))
+    parts.append(_meta_table(rep, view))
+    parts.append(_anomaly_table(rep, view))
+    parts.append(_hints(rep))
+    if view is not None and len(view.frame.t) >= 2:
+        parts.append("<h3>Timelines</h3><p class='muted small'>Shaded: anomalous windows "
+                     "(darker in the subsystem they were attributed to). Lines are means over "
+                     "display bins, bands the min–max within each bin.</p>")
+        for sub, cap, svg in _figures(rep, view, f"n{idx}-", progress):
+            parts.append(f"<figure class=timeline data-subsystem='{esc(sub)}'>"
+                         f"<figcaption>{esc(cap)}</figcaption>{svg}</figure>")
+    elif run_dir is None:
+        parts.append("<p class=muted>Timelines need the run directory (telemetry); only "
+                     "report.json was given.</p>")
+    parts.append(_probes(rep))
+    parts.append("</section>")
+    return "\n".join(p for p in parts if p)
+
+
+def _page(title: str, body: str) -> str:
+    from .. import __version__
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (f"<!doctype html>\n<html lang=en><head><meta charset=utf-8>"
+            f"<meta name=viewport content='width=device-width, initial-scale=1'>"
+            f"<meta http-equiv=Content-Security-Policy content=\"{CSP}\">"
+            f"<title>{esc(title)}</title><style>{CSS}</style></head><body>\n{body}\n"
+            f"<footer>Generated by reveal-plugins {esc(__version__)} on {now}. "
+            "Self-contained: no scripts, no network.</footer></body></html>\n")
+
+
+def _title(reports: list[tuple[dict, str | None]], job_id: str | None) -> str:
+    rep = reports[0][0]
+    run = rep["run"]
+    who = f"job {job_id or run.get('job_id')}" if (job_id or run.get("job_id")) else \
+        (fmt.command_text(run.get("command"))[:60] or "run")
+    nodes = [n for r, _ in reports for n in r["run"].get("nodes") or []]
+    return f"Reveal report — {who} on {', '.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}"
+
+
+def render_job_html(reports: list[tuple[dict, str | None]], job_id: str | None = None,
+                    progress: Progress | None = None) -> str:
+    """One page for one or several nodes (one section per node)."""
+    progress = progress or Progress(False)
+    title = _title(reports, job_id)
+    body = [f"<h1>{esc(title)}</h1>"]
+    multi = len(reports) > 1
+    if multi:
+        found = sum(len(r.get("anomalies") or []) for r, _ in reports)
+        links = " ".join(f"<a href='#node-{esc(r['run']['nodes'][0])}'>"
+                         f"{esc(r['run']['nodes'][0])}</a>" for r, _ in reports)
+        body.append(f"<p>{len(reports)} nodes, {found} anomalies in all. <nav>{links}</nav></p>")
+    for i, (rep, d) in enumerate(reports):
+        body.append(_section(rep, d, i, progress, heading=multi))
+    progress.done()
+    return _page(title, "\n".join(body))
+
+
+def render_html(report: dict, run_dir: str | None, progress: Progress | None = None) -> str:
+    """One self-contained HTML page for one run (``run_dir`` adds the timelines)."""
+    return render_job_html([(report, run_dir)], None, progress)
