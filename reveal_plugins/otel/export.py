@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -136,6 +137,16 @@ def reset_warnings() -> None:
         _warned.clear()
 
 
+def _reason(messages: list[str]) -> str:
+    """The most telling of the exporter's messages: the first (the cause), without its retry
+    boilerplate."""
+    if not messages:
+        return "export failed"
+    m = re.sub(r"^Transient error\s+", "", messages[0])
+    m = re.sub(r"\s*encountered while exporting.*$", "", m)
+    return m[:500]
+
+
 def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float | None = None,
                exporter: SpanExporter | None = None) -> ExportOutcome:
     """Export ``spans``; return within ``budget_s`` (None: wait up to ``cfg.timeout_s``).
@@ -167,7 +178,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
 
     th = threading.Thread(target=work, name="reveal-otel-export", daemon=True)
     th.start()
-    th.join(wait + 0.05 if budget_s is not None else None)
+    th.join(wait if budget_s is not None else None)
     seconds = time.monotonic() - t0
     finished = not th.is_alive()
     ok = finished and box.get("result") == SpanExportResult.SUCCESS
@@ -176,8 +187,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         if not finished:
             error = f"no answer within {wait:g} s"
         else:
-            msgs = box.get("messages") or []
-            error = box.get("error") or (msgs[-1] if msgs else "export failed")
+            error = box.get("error") or _reason(box.get("messages") or [])
         warn_once(endpoint, f"OpenTelemetry export to {endpoint} ({cfg.protocol}) failed: {error}; "
                             "the report stays on disk, re-send it with `reveal otel export DIR`")
     else:

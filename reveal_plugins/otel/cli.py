@@ -1,0 +1,149 @@
+"""``reveal otel``: re-send finished runs as traces, show the effective export configuration.
+
+    reveal otel export DIR|JOBID... [--endpoint URL] [--protocol grpc|http/protobuf]
+                                    [--header K=V]... [--timeout S] [--dry-run]
+    reveal otel config
+
+``export`` is for after a backend outage: it reads ``report.json`` and ``meta.json`` of each run
+directory (or each node's directory of a Slurm job id under the spool) and sends the same trace
+(same ids) the sink would have sent, waiting up to the request timeout (not the 1 s job-end
+budget).  Exit status: 0 all sent, 1 some export failed, 2 bad usage or input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from .config import OtelConfigError, load_config, parse_headers
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="reveal otel", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("export", help="(re-)send finished runs as OpenTelemetry traces")
+    e.add_argument("targets", nargs="+", metavar="DIR|JOBID",
+                   help="run directory (holding report.json) or Slurm job id")
+    e.add_argument("--endpoint", help="OTLP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or "
+                                      "[otel] endpoint of the config file)")
+    e.add_argument("--protocol", choices=("http/protobuf", "grpc"))
+    e.add_argument("--header", action="append", default=[], metavar="K=V",
+                   help="extra request header (repeatable)")
+    e.add_argument("--timeout", type=float, metavar="S", help="request timeout in seconds")
+    e.add_argument("--dry-run", action="store_true",
+                   help="print the spans as JSON instead of sending them")
+    sub.add_parser("config", help="print the effective export configuration")
+    return p
+
+
+def _run_dirs(target: str) -> list[str]:
+    if os.path.isdir(target):
+        return [target]
+    from ..spool import JOB_ID_RE, job_run_dirs
+    if JOB_ID_RE.match(target):
+        dirs = job_run_dirs(target)
+        if not dirs:
+            raise FileNotFoundError(f"job {target}: no run directory under the spool "
+                                    f"(REVEAL_SPOOL or /var/spool/reveal)")
+        return dirs
+    raise FileNotFoundError(f"{target}: no such run directory")
+
+
+def _load_report(run_dir: str) -> dict[str, Any]:
+    path = os.path.join(run_dir, "report.json")
+    try:
+        with open(path) as f:
+            report = json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: not found (analyse the run first: reveal analyze "
+                                f"{run_dir})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not valid JSON: {e}") from None
+    if not isinstance(report, dict) or report.get("schema") != "reveal.report/1":
+        got = report.get("schema") if isinstance(report, dict) else type(report).__name__
+        raise ValueError(f"{path}: schema = {got!r}, expected 'reveal.report/1'")
+    return report
+
+
+def _span_json(s: Any) -> dict[str, Any]:
+    return {"name": s.name, "trace_id": format(s.context.trace_id, "032x"),
+            "span_id": format(s.context.span_id, "016x"),
+            "parent_span_id": format(s.parent.span_id, "016x") if s.parent else None,
+            "start": s.start_time / 1e9, "end": s.end_time / 1e9,
+            "attributes": dict(s.attributes or {}),
+            "events": [{"name": e.name, "t": e.timestamp / 1e9, "attributes": dict(e.attributes)}
+                       for e in s.events],
+            "resource": dict(s.resource.attributes)}
+
+
+def export_main(args: argparse.Namespace) -> int:
+    overrides: dict[str, Any] = {"endpoint": args.endpoint, "protocol": args.protocol,
+                                 "timeout_s": args.timeout}
+    try:
+        if args.header:
+            overrides["headers"] = {k: v for h in args.header
+                                    for k, v in parse_headers("--header", "--header", h).items()}
+        cfg = load_config(overrides=overrides)
+    except OtelConfigError as e:
+        print(f"reveal otel export: {e}", file=sys.stderr)
+        return 2
+    if not cfg.enabled and not args.dry_run:
+        print("reveal otel export: no OTLP endpoint configured: pass --endpoint URL, set "
+              "OTEL_EXPORTER_OTLP_ENDPOINT, or set [otel] endpoint in $REVEAL_CONFIG / "
+              "/etc/reveal/reveal.toml (or OTEL_SDK_DISABLED / [otel] enabled=false is set)",
+              file=sys.stderr)
+        return 2
+    try:
+        dirs = [d for t in args.targets for d in _run_dirs(t)]
+        reports = [(d, _load_report(d)) for d in dirs]
+    except (OSError, ValueError) as e:
+        print(f"reveal otel export: {e}", file=sys.stderr)
+        return 2
+    from .export import export_report, read_meta
+    from .trace import build_spans
+    failed = 0
+    for d, report in reports:
+        meta = read_meta(d)
+        if args.dry_run:
+            print(json.dumps([_span_json(s) for s in build_spans(report, meta, cfg)], indent=1))
+            continue
+        try:
+            o = export_report(report, meta, cfg, budget_s=None, run_dir=d)
+        except ValueError as e:
+            print(f"reveal otel export: {d}/report.json: {e}", file=sys.stderr)
+            failed += 1
+            continue
+        if o.ok:
+            print(f"{d}: sent {o.spans} spans to {o.endpoint} as trace {o.trace_id} "
+                  f"({o.seconds:.3f} s)")
+        else:
+            failed += 1
+            print(f"reveal otel export: {d}: export to {o.endpoint} ({o.protocol}) failed: "
+                  f"{o.error}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def config_main() -> int:
+    try:
+        cfg = load_config()
+    except OtelConfigError as e:
+        print(f"reveal otel config: {e}", file=sys.stderr)
+        return 2
+    d = {k: v for k, v in vars(cfg).items()}
+    d["headers"] = {k: "***" for k in cfg.headers}  # header values are often credentials
+    d["traces_url"] = cfg.signal_endpoint("traces") if cfg.enabled else None
+    print(json.dumps(d, indent=1, sort_keys=True))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if args.cmd == "export":
+        return export_main(args)
+    return config_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
