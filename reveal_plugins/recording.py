@@ -47,8 +47,11 @@ class Recording:
     def __init__(self, out: str | None = None, interval_s: float = 0.1, source: str = "local",
                  command: list[str] | str | None = None, live: bool = False,
                  analyze: bool = True, stream: TextIO | None = None,
-                 config: dict[str, Any] | None = None):
+                 config: dict[str, Any] | None = None, run_id: str | None = None,
+                 extra: dict[str, Any] | None = None):
         self.out = out
+        self.run_id = run_id          # shared identity (e.g. a multi-node torchrun launch)
+        self.extra = dict(extra or {})
         self.interval_s = validate_interval(interval_s)
         self.source = source
         self.command = command
@@ -109,10 +112,11 @@ class Recording:
             user = getpass.getuser()
         except Exception:
             user = None
-        run = RunInfo(run_id=os.path.basename(out.rstrip("/")) or "run", run_dir=out,
+        run = RunInfo(run_id=self.run_id or os.path.basename(out.rstrip("/")) or "run",
+                      run_dir=out,
                       source=self.source, user=user, uid=os.getuid(), gid=os.getgid(),
                       command=self.command, pids=[os.getpid()],
-                      extra={"live": self.live} if self.live else {})
+                      extra={**self.extra, **({"live": True} if self.live else {})})
         run.run_dir = self.client.register(run)
         self.run = run
 
