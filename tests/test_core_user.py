@@ -26,8 +26,9 @@ def _as_nobody(args, cwd):
 def user_dir():
     if os.geteuid() != 0:
         pytest.skip("needs root to run a command as another user")
+    nobody = pwd.getpwnam("nobody")
     probe = subprocess.run([sys.executable, "-c", "import numpy, pyarrow, pluggy"],
-                           user=pwd.getpwnam("nobody").pw_uid, capture_output=True)
+                           user=nobody.pw_uid, group=nobody.pw_gid, capture_output=True)
     if probe.returncode != 0:
         pytest.skip(f"{sys.executable} and its packages are not usable by other users "
                     "(.ci/run makes them so)")
