@@ -172,7 +172,10 @@ class OtlpHttpReceiver(_Store):
                 self.send_header("Content-Type", "application/x-protobuf")
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):  # the client gave up waiting
+                    pass
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.server.daemon_threads = True

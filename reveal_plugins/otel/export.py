@@ -74,49 +74,48 @@ def make_span_exporter(cfg: OtelConfig, timeout_s: float | None = None) -> SpanE
 
 
 class _Capture(logging.Handler):
-    """Collects the OTLP exporters' log records while one of our exports runs."""
+    """Collects the OTLP exporters' warnings per exporting thread while our exports run (the
+    exporters log on the thread that calls ``export``), and keeps them from the root logger."""
 
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
-        self.messages: list[str] = []
+        self.by_thread: dict[int, list[str]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.levelno >= logging.WARNING:
+        msgs = self.by_thread.get(record.thread or 0)
+        if msgs is not None and record.levelno >= logging.WARNING:
             try:
-                self.messages.append(record.getMessage())
+                msgs.append(record.getMessage())
             except Exception:  # a malformed record must not break the export
                 pass
 
 
 _capture_lock = threading.Lock()
-_capture_depth = 0
 _capture = _Capture()
-_saved: dict[str, tuple[bool, int]] = {}
+_saved: dict[str, bool] = {}
 
 
 def _capture_on() -> None:
-    global _capture_depth
+    """Start capturing the exporters' log records of the calling thread."""
     with _capture_lock:
-        if _capture_depth == 0:
-            _capture.messages = []
+        if not _capture.by_thread:
             for name in _OTLP_LOGGERS:
                 lg = logging.getLogger(name)
-                _saved[name] = (lg.propagate, lg.level)
+                _saved[name] = lg.propagate
                 lg.addHandler(_capture)
                 lg.propagate = False
-        _capture_depth += 1
+        _capture.by_thread[threading.get_ident()] = []
 
 
 def _capture_off() -> list[str]:
-    global _capture_depth
+    """Stop capturing for the calling thread; return what it logged."""
     with _capture_lock:
-        _capture_depth -= 1
-        msgs = list(_capture.messages)
-        if _capture_depth == 0:
+        msgs = _capture.by_thread.pop(threading.get_ident(), [])
+        if not _capture.by_thread:
             for name in _OTLP_LOGGERS:
                 lg = logging.getLogger(name)
                 lg.removeHandler(_capture)
-                lg.propagate = _saved.get(name, (True, 0))[0]
+                lg.propagate = _saved.get(name, True)
         return msgs
 
 

@@ -1,0 +1,223 @@
+"""The sink against real OTLP receivers on loopback (HTTP and gRPC), and against backends that
+are down, refuse or hang: the job end never waits more than the budget, the failure is logged
+once with the endpoint, the report stays on disk and `reveal otel export` re-sends it."""
+import json
+import logging
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import grpc
+import pytest
+
+from fixtures_otlp import OtlpGrpcReceiver, OtlpHttpReceiver, make_otel_meta, make_otel_report
+from reveal_plugins.hooks.manager import get_plugin_manager
+from reveal_plugins.otel import sink
+from reveal_plugins.otel.export import read_status
+
+BUDGET = 1.0
+SLACK = 0.35    # thread join + scheduling on a shared 2-core machine
+T0 = 1_700_000_000.0
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    d = tmp_path / "run"
+    d.mkdir()
+    (d / "report.json").write_text(json.dumps(make_otel_report()))
+    (d / "meta.json").write_text(json.dumps(make_otel_meta()))
+    return str(d)
+
+
+def _report(run_dir):
+    with open(os.path.join(run_dir, "report.json")) as f:
+        return json.load(f)
+
+
+def _timed_sink(run_dir):
+    t = time.monotonic()
+    sink.reveal_report_ready(_report(run_dir), run_dir, {})
+    return time.monotonic() - t
+
+
+def _assert_trace(spans):
+    names = sorted(s["name"] for s in spans)
+    assert names == ["anomaly gpu", "anomaly network", "anomaly storage", "slurm job",
+                     "step 0", "step 1"]
+    by = {s["name"]: s for s in spans}
+    root = by["slurm job"]
+    assert root["parent_span_id"] is None
+    assert len({s["trace_id"] for s in spans}) == 1
+    assert by["step 0"]["parent_span_id"] == root["span_id"]
+    assert by["anomaly gpu"]["parent_span_id"] == by["step 0"]["span_id"]
+    assert by["anomaly network"]["parent_span_id"] == by["step 1"]["span_id"]
+    assert (root["start"], root["end"]) == (T0, T0 + 100)
+    assert (by["anomaly gpu"]["start"], by["anomaly gpu"]["end"]) == (T0 + 10, T0 + 16)
+    assert root["attributes"]["slurm.job.id"] == "4242"
+    assert root["attributes"]["user.name"] == "alice"
+    assert root["resource"]["host.name"] == "node1"
+    assert root["resource"]["service.name"] == "reveal"
+    gpu = by["anomaly gpu"]
+    assert gpu["attributes"]["reveal.anomaly.subsystem"] == "gpu"
+    assert gpu["attributes"]["reveal.anomaly.evidence.channels"][0] == "gpu.0.clock_sm"
+    hints = [e for e in gpu["events"] if e["name"] == "hint"]
+    assert [h["attributes"]["reveal.hint.severity"] for h in hints] == ["critical", "info"]
+    assert hints[0]["attributes"]["reveal.hint.action"].startswith("check airflow")
+
+
+def test_sink_is_a_registered_builtin_plugin():
+    pm = get_plugin_manager()
+    assert pm.has_plugin("reveal_plugins.otel.sink")
+
+
+def test_export_off_sends_nothing_and_costs_nothing(otel_clean_env, run_dir):
+    assert _timed_sink(run_dir) < 0.05
+    assert read_status(run_dir) is None
+
+
+def test_http_receiver_gets_the_trace(otel_clean_env, run_dir, otlp_http):
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_http.endpoint)
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=lab,authorization=Bearer%20t")
+    assert _timed_sink(run_dir) < BUDGET + SLACK
+    spans = otlp_http.wait_spans(6)
+    _assert_trace(spans)
+    assert otlp_http.headers[0]["x-tenant"] == "lab"
+    assert otlp_http.headers[0]["authorization"] == "Bearer t"
+    st = read_status(run_dir)
+    assert st["ok"] and st["spans"] == 6 and st["trace_id"] == spans[0]["trace_id"]
+
+
+def test_http_gzip(otel_clean_env, run_dir, otlp_http):
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_http.endpoint)
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_COMPRESSION", "gzip")
+    _timed_sink(run_dir)
+    _assert_trace(otlp_http.wait_spans(6))
+
+
+def test_grpc_receiver_gets_the_trace(otel_clean_env, run_dir, otlp_grpc):
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_grpc.endpoint)
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", "x-tenant=lab")
+    assert _timed_sink(run_dir) < BUDGET + SLACK
+    _assert_trace(otlp_grpc.wait_spans(6))
+    assert otlp_grpc.headers[0]["x-tenant"] == "lab"
+
+
+def test_config_file_routes_export(otel_clean_env, run_dir, otlp_grpc, tmp_path):
+    cfg = tmp_path / "reveal.toml"
+    cfg.write_text(f'[otel]\nendpoint = "{otlp_grpc.endpoint}"\nprotocol = "grpc"\n')
+    otel_clean_env.setenv("REVEAL_CONFIG", str(cfg))
+    _timed_sink(run_dir)
+    _assert_trace(otlp_grpc.wait_spans(6))
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_backend_down_costs_at_most_the_budget_and_logs_once(otel_clean_env, run_dir,
+                                                             otlp_dead_port, protocol, caplog):
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_dead_port)
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    caplog.set_level(logging.DEBUG, logger="opentelemetry")
+    caplog.set_level(logging.WARNING, logger="reveal_plugins")
+    times = [_timed_sink(run_dir) for _ in range(2)]
+    assert max(times) < BUDGET + SLACK, times
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1, [r.getMessage() for r in warnings]
+    msg = warnings[0].getMessage()
+    assert otlp_dead_port.split("//")[1] in msg and "reveal otel export" in msg
+    assert not read_status(run_dir)["ok"]
+    assert os.path.isfile(os.path.join(run_dir, "report.json"))
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_backend_that_never_answers(otel_clean_env, run_dir, otlp_blackhole, protocol):
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_blackhole)
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+    dt = _timed_sink(run_dir)
+    assert dt < BUDGET + SLACK, dt
+    st = read_status(run_dir)
+    assert not st["ok"]
+
+
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
+def test_slow_backend_then_re_export(otel_clean_env, run_dir, protocol):
+    slow = (OtlpHttpReceiver(delay_s=3.0) if protocol != "grpc"
+            else OtlpGrpcReceiver(delay_s=3.0))
+    try:
+        otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", slow.endpoint)
+        otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", protocol)
+        dt = _timed_sink(run_dir)
+        assert dt < BUDGET + SLACK, dt
+        assert not read_status(run_dir)["ok"]
+        # the backend recovers: the operator re-sends the finished run
+        slow.delay_s = 0.0
+        from reveal_plugins.cli import main
+        assert main(["otel", "export", run_dir]) == 0
+        _assert_trace([s for s in slow.wait_spans(6) if True][-6:])
+        assert read_status(run_dir)["ok"]
+    finally:
+        slow.close()
+
+
+def test_refusing_backends(otel_clean_env, run_dir, caplog):
+    http = OtlpHttpReceiver(status=503)
+    g = OtlpGrpcReceiver(refuse=grpc.StatusCode.PERMISSION_DENIED)
+    try:
+        for ep, proto in ((http.endpoint, "http/protobuf"), (g.endpoint, "grpc")):
+            otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", ep)
+            otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", proto)
+            assert _timed_sink(run_dir) < BUDGET + SLACK
+            assert not read_status(run_dir)["ok"]
+        assert http.refused >= 1 and g.refused >= 1
+        assert "PERMISSION_DENIED" in read_status(run_dir)["error"]
+    finally:
+        http.close()
+        g.close()
+
+
+def test_job_end_process_exits_promptly_with_a_hung_backend(otel_clean_env, run_dir,
+                                                            otlp_blackhole):
+    """What a Slurm epilog sees: the process that runs the sink exits within the budget of
+    the hook call, even though the export thread is still stuck."""
+    code = textwrap.dedent(f"""
+        import json, time, sys
+        from reveal_plugins.otel import sink
+        rep = json.load(open({os.path.join(run_dir, 'report.json')!r}))
+        print(time.time(), flush=True)
+        sink.reveal_report_ready(rep, {run_dir!r}, {{}})
+    """)
+    env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=otlp_blackhole,
+               OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=30)
+    end = time.time()
+    assert p.returncode == 0, p.stderr
+    started = float(p.stdout.split()[0])
+    assert end - started < BUDGET + 0.6, end - started
+    assert otlp_blackhole.split("//")[1] in p.stderr       # logged once, with the endpoint
+    assert p.stderr.count("OpenTelemetry export to") == 1
+
+
+def test_cli_export_via_command_line_endpoint(otel_clean_env, run_dir, otlp_http):
+    p = subprocess.run(["reveal", "otel", "export", run_dir, "--endpoint", otlp_http.endpoint],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "sent 6 spans" in p.stdout
+    _assert_trace(otlp_http.wait_spans(6))
+
+
+def test_cli_errors_are_clear(otel_clean_env, tmp_path, run_dir, otlp_dead_port):
+    from reveal_plugins.otel.cli import main
+    assert main(["export", run_dir]) == 2                       # nothing configured
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["export", str(empty), "--endpoint", "http://127.0.0.1:1"]) == 2
+    assert main(["export", run_dir, "--endpoint", otlp_dead_port, "--timeout", "0.5"]) == 1
+
+
+def test_cli_dry_run_prints_the_spans(otel_clean_env, run_dir, capsys):
+    from reveal_plugins.otel.cli import main
+    assert main(["export", run_dir, "--dry-run"]) == 0
+    spans = json.loads(capsys.readouterr().out)
+    assert spans[0]["name"] == "slurm job" and len(spans) == 6
