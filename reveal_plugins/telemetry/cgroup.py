@@ -89,6 +89,29 @@ def _ch(name: str, unit: str, kind: str, desc: str) -> ChannelMeta:
     return ChannelMeta(name, unit, kind, "cgroup", desc)
 
 
+def _kv_reader(path: str, spec: list[tuple[bytes, ChannelMeta, float]]) -> "_Reader | None":
+    """A ``key value`` file (cpu.stat, memory.events ...): channels only for the keys the kernel
+    writes (``throttled_usec`` exists only with the cpu controller, ``oom_kill`` only on newer
+    kernels), so no channel is NaN forever."""
+    try:
+        present = _kv(_read(path))
+    except OSError:
+        return None
+    spec = [s for s in spec if s[0] in present]
+    if not spec:
+        return None
+    keys = [k for k, _, _ in spec]
+    scales = [sc for _, _, sc in spec]
+
+    def parse(b: bytes) -> list[float]:
+        d = _kv(b)
+        return [_num(d.get(k), sc) for k, sc in zip(keys, scales)]
+    try:
+        return _Reader(path, [c for _, c, _ in spec], parse)
+    except (OSError, ValueError):
+        return None
+
+
 # -- cgroup layout -----------------------------------------------------------------------------
 
 def find_hierarchies(root: str = "/sys/fs/cgroup") -> dict[str, str]:
@@ -147,17 +170,22 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
     add("cpuacct", "cpuacct.usage",
         [_ch("cpu.run.usage", "s", "counter", "CPU time of the run's cgroup (cpuacct.usage)")],
         lambda b: [float(b) * 1e-9])
-    add("cpuacct", "cpuacct.stat",
-        [_ch("cpu.run.user", "s", "counter", "user CPU time (cpuacct.stat)"),
-         _ch("cpu.run.system", "s", "counter", "system CPU time (cpuacct.stat)")],
-        lambda b: (lambda d: [_num(d.get(b"user"), 1 / _CLK_TCK),
-                              _num(d.get(b"system"), 1 / _CLK_TCK)])(_kv(b)))
-    add("cpu", "cpu.stat",
-        [_ch("cpu.run.nr_periods", "periods", "counter", "CFS enforcement periods elapsed"),
-         _ch("cpu.run.nr_throttled", "periods", "counter", "periods in which the run was throttled"),
-         _ch("cpu.run.throttled_time", "s", "counter", "time throttled by the CFS quota")],
-        lambda b: (lambda d: [_num(d.get(b"nr_periods")), _num(d.get(b"nr_throttled")),
-                              _num(d.get(b"throttled_time"), 1e-9)])(_kv(b)))
+
+    def addkv(ctl: str, fname: str, spec) -> None:
+        d = dirs.get(ctl)
+        if d is not None:
+            r = _kv_reader(os.path.join(d, fname), spec)
+            if r is not None:
+                rs.append(r)
+
+    addkv("cpuacct", "cpuacct.stat",
+          [(b"user", _ch("cpu.run.user", "s", "counter", "user CPU time (cpuacct.stat)"),
+            1 / _CLK_TCK),
+           (b"system", _ch("cpu.run.system", "s", "counter", "system CPU time (cpuacct.stat)"),
+            1 / _CLK_TCK)])
+    addkv("cpu", "cpu.stat", _THROTTLE_SPEC + [
+        (b"throttled_time", _ch("cpu.run.throttled_time", "s", "counter",
+                                "time throttled by the CFS quota"), 1e-9)])
     if "cpu" in dirs and os.path.exists(os.path.join(dirs["cpu"], "cpu.cfs_quota_us")):
         try:
             period = _File(os.path.join(dirs["cpu"], "cpu.cfs_period_us"))
@@ -179,14 +207,16 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
     add("memory", "memory.failcnt",
         [_ch("memory.run.failcnt", "events", "counter", "times usage hit the limit")],
         lambda b: [float(b)])
-    add("memory", "memory.oom_control",
-        [_ch("memory.run.under_oom", "flag", "gauge", "1 while the cgroup is under OOM"),
-         _ch("memory.run.oom_kill", "kills", "counter", "processes killed by the OOM killer")],
-        lambda b: (lambda d: [_num(d.get(b"under_oom")), _num(d.get(b"oom_kill"))])(_kv(b)))
-    add("memory", "memory.stat",
-        [_ch("memory.run.anon", "bytes", "gauge", "anonymous memory (total_rss)"),
-         _ch("memory.run.file", "bytes", "gauge", "page cache (total_cache)")],
-        lambda b: (lambda d: [_num(d.get(b"total_rss")), _num(d.get(b"total_cache"))])(_kv(b)))
+    addkv("memory", "memory.oom_control",
+          [(b"under_oom", _ch("memory.run.under_oom", "flag", "gauge",
+                              "1 while the cgroup is under OOM"), 1.0),
+           (b"oom_kill", _ch("memory.run.oom_kill", "kills", "counter",
+                             "processes killed by the OOM killer"), 1.0)])
+    addkv("memory", "memory.stat",
+          [(b"total_rss", _ch("memory.run.anon", "bytes", "gauge", "anonymous memory (total_rss)"),
+            1.0),
+           (b"total_cache", _ch("memory.run.file", "bytes", "gauge", "page cache (total_cache)"),
+            1.0)])
     add("blkio", "blkio.throttle.io_service_bytes",
         [_ch("storage.run.read_bytes", "bytes", "counter", "bytes read from block devices"),
          _ch("storage.run.write_bytes", "bytes", "counter", "bytes written to block devices")],
@@ -201,6 +231,14 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
         except OSError:
             pass
     return rs
+
+
+_THROTTLE_SPEC = [
+    (b"nr_periods", _ch("cpu.run.nr_periods", "periods", "counter",
+                        "CFS enforcement periods elapsed"), 1.0),
+    (b"nr_throttled", _ch("cpu.run.nr_throttled", "periods", "counter",
+                          "periods in which the run was throttled"), 1.0),
+]
 
 
 def _v1_blkio(b: bytes) -> list[float]:
@@ -237,17 +275,19 @@ def _v2_readers(d: str) -> list[_Reader]:
         except (OSError, ValueError):
             pass
 
-    add("cpu.stat",
-        [_ch("cpu.run.usage", "s", "counter", "CPU time of the run's cgroup (cpu.stat usage_usec)"),
-         _ch("cpu.run.user", "s", "counter", "user CPU time"),
-         _ch("cpu.run.system", "s", "counter", "system CPU time"),
-         _ch("cpu.run.nr_periods", "periods", "counter", "CFS enforcement periods elapsed"),
-         _ch("cpu.run.nr_throttled", "periods", "counter", "periods in which the run was throttled"),
-         _ch("cpu.run.throttled_time", "s", "counter", "time throttled by cpu.max")],
-        lambda b: (lambda k: [_num(k.get(b"usage_usec"), 1e-6), _num(k.get(b"user_usec"), 1e-6),
-                              _num(k.get(b"system_usec"), 1e-6), _num(k.get(b"nr_periods")),
-                              _num(k.get(b"nr_throttled")),
-                              _num(k.get(b"throttled_usec"), 1e-6)])(_kv(b)))
+    def addkv(fname: str, spec) -> None:
+        r = _kv_reader(os.path.join(d, fname), spec)
+        if r is not None:
+            rs.append(r)
+
+    addkv("cpu.stat", [
+        (b"usage_usec", _ch("cpu.run.usage", "s", "counter",
+                            "CPU time of the run's cgroup (cpu.stat usage_usec)"), 1e-6),
+        (b"user_usec", _ch("cpu.run.user", "s", "counter", "user CPU time"), 1e-6),
+        (b"system_usec", _ch("cpu.run.system", "s", "counter", "system CPU time"), 1e-6),
+    ] + _THROTTLE_SPEC + [
+        (b"throttled_usec", _ch("cpu.run.throttled_time", "s", "counter",
+                                "time throttled by cpu.max"), 1e-6)])
     add("cpu.max", [_ch("cpu.run.limit_cores", "cores", "gauge", "cpu.max quota / period "
                         "(NaN = no limit)")],
         lambda b: (lambda t: [NAN if t[0] == b"max" else float(t[0]) / float(t[1])])(b.split()))
@@ -255,17 +295,17 @@ def _v2_readers(d: str) -> list[_Reader]:
                                "memory charged to the run's cgroup")], lambda b: [float(b)])
     add("memory.max", [_ch("memory.run.limit", "bytes", "gauge", "memory.max (NaN = none)")],
         lambda b: [_num(b.strip(), unlimited_nan=True)])
-    add("memory.events",
-        [_ch("memory.run.high", "events", "counter", "times usage went over memory.high"),
-         _ch("memory.run.failcnt", "events", "counter", "times usage hit memory.max"),
-         _ch("memory.run.oom", "events", "counter", "OOM situations"),
-         _ch("memory.run.oom_kill", "kills", "counter", "processes killed by the OOM killer")],
-        lambda b: (lambda k: [_num(k.get(b"high")), _num(k.get(b"max")), _num(k.get(b"oom")),
-                              _num(k.get(b"oom_kill"))])(_kv(b)))
-    add("memory.stat",
-        [_ch("memory.run.anon", "bytes", "gauge", "anonymous memory"),
-         _ch("memory.run.file", "bytes", "gauge", "page cache")],
-        lambda b: (lambda k: [_num(k.get(b"anon")), _num(k.get(b"file"))])(_kv(b)))
+    addkv("memory.events", [
+        (b"high", _ch("memory.run.high", "events", "counter",
+                      "times usage went over memory.high"), 1.0),
+        (b"max", _ch("memory.run.failcnt", "events", "counter", "times usage hit memory.max"),
+         1.0),
+        (b"oom", _ch("memory.run.oom", "events", "counter", "OOM situations"), 1.0),
+        (b"oom_kill", _ch("memory.run.oom_kill", "kills", "counter",
+                          "processes killed by the OOM killer"), 1.0)])
+    addkv("memory.stat", [
+        (b"anon", _ch("memory.run.anon", "bytes", "gauge", "anonymous memory"), 1.0),
+        (b"file", _ch("memory.run.file", "bytes", "gauge", "page cache"), 1.0)])
     add("io.stat",
         [_ch("storage.run.read_bytes", "bytes", "counter", "bytes read from block devices"),
          _ch("storage.run.write_bytes", "bytes", "counter", "bytes written to block devices")],
@@ -302,8 +342,9 @@ class _ProcessTree:
     """
 
     def __init__(self, roots: Sequence[int], proc: str = "/proc", max_procs: int = 512,
-                 rescan_every: int = 10):
+                 rescan_every: int = 10, startup: int = 30):
         self.roots = list(roots)
+        self.startup = startup
         self.proc = proc
         self.max_procs = max_procs
         self.rescan_every = rescan_every
@@ -321,7 +362,11 @@ class _ProcessTree:
             return out
         for t in tasks:
             try:
-                out.extend(int(x) for x in _read(f"{self.proc}/{pid}/task/{t}/children").split())
+                fd = os.open(f"{self.proc}/{pid}/task/{t}/children", os.O_RDONLY)
+                try:
+                    out.extend(int(x) for x in os.read(fd, 65536).split())
+                finally:
+                    os.close(fd)
             except (OSError, ValueError):
                 pass
         return out
@@ -354,7 +399,10 @@ class _ProcessTree:
         self.pids = [p for p in seen if p in self._files]
 
     def read(self) -> list[float]:
-        if self._n % self.rescan_every == 0:
+        # Launchers fork their workers right after start: follow the tree on every sample for
+        # the first ``startup`` samples, then every ``rescan_every`` (short-lived children
+        # missed later still count, through the parent's cumulative child time).
+        if self._n < self.startup or self._n % self.rescan_every == 0:
             self.rescan()
         self._n += 1
         ut = st = rss = majflt = nthreads = 0.0
@@ -483,7 +531,12 @@ class CgroupProbe(Probe):
             if cpu_path is None and "v2" in hier:
                 cpu_path = cg.get("v2")
             if cpu_path and cpu_path != "/" and self._dedicated(hier, cg, alive):
-                dirs = {k: v for k, v in self._resolve(hier, cpu_path).items()}
+                # each hierarchy has its own path for the PID (they differ when, say, only
+                # the memory controller is delegated to a container)
+                dirs: dict[str, str] = {}
+                for ctl, path in cg.items():
+                    if ctl in hier and path != "/":
+                        dirs.update(self._resolve({ctl: hier[ctl]}, path))
                 self._from_dirs(dirs, cpu_path)
             if not self._readers:
                 self._tree = _ProcessTree(alive, self.proc, self.max_procs)
@@ -532,7 +585,6 @@ class CgroupProbe(Probe):
         if any(k in v1 for k in ("cpu", "cpuacct", "memory")):
             self._readers = _v1_readers(v1)
             self.mode = "cgroup-v1"
-            # hybrid: v1 has no PSI/io.stat for us, but the v2 cpu.stat is still the same data
         if not self._readers and "v2" in dirs:
             self._readers = _v2_readers(dirs["v2"])
             self.mode = "cgroup-v2"
