@@ -144,11 +144,14 @@ class LiveMetrics:
     """The agent's MeterProvider and its instruments.  ``start`` never blocks (the first export
     happens one interval later); ``stop`` flushes and returns within ``timeout_s``."""
 
-    def __init__(self, agent: Any, cfg: OtelConfig, exporter: MetricExporter | None = None):
+    def __init__(self, agent: Any, cfg: OtelConfig, exporter: MetricExporter | None = None,
+                 reader: Any = None):
+        """``exporter`` / ``reader`` replace the OTLP exporter / periodic reader (tests)."""
         self.agent = agent
         self.cfg = cfg
         self.snapshot = _Snapshot(agent)
         self._exporter = exporter
+        self._reader = reader
         self._scores: dict[str, float] = {}
         self._seen: set[str] = set()
         self._scores_lock = threading.Lock()
@@ -157,11 +160,13 @@ class LiveMetrics:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        exporter = self._exporter or make_metric_exporter(self.cfg)
-        interval_ms = self.cfg.metrics_interval_s * 1000.0
-        reader = PeriodicExportingMetricReader(exporter, export_interval_millis=interval_ms,
-                                               export_timeout_millis=min(interval_ms,
-                                                                         self.cfg.timeout_s * 1000))
+        reader = self._reader
+        if reader is None:
+            exporter = self._exporter or make_metric_exporter(self.cfg)
+            interval_ms = self.cfg.metrics_interval_s * 1000.0
+            reader = PeriodicExportingMetricReader(
+                exporter, export_interval_millis=interval_ms,
+                export_timeout_millis=min(interval_ms, self.cfg.timeout_s * 1000))
         host = getattr(self.agent, "host", None) or socket.gethostname().split(".")[0]
         attrs = dict(self.cfg.resource_attributes)
         attrs.update({"service.name": self.cfg.service_name, "service.version": __version__,
