@@ -30,9 +30,19 @@ def _optional(module: str, factory: str, *args: Any, **kwargs: Any) -> list:
 @hookimpl
 def reveal_register_probes(config: dict[str, Any]) -> list:
     probes = [cls() for cls in PROCFS_PROBES] + psi_probes()
+    # hardware probes (issue 2, probes part 2): each one reports why it is unavailable here
+    probes += _optional("perf", "perf_host_probes")
+    probes += _optional("cpufreq", "CpufreqProbe")
+    probes += _optional("hwmon", "HwmonProbe")
+    probes += _optional("infiniband", "InfinibandProbe")
+    probes += _optional("nvml", "NvmlProbe", gpus=config.get("gpus"))
     return probes
 
 
 @hookimpl
 def reveal_register_run_probes(run: RunInfo, config: dict[str, Any]) -> list:
-    return []
+    probes: list = []
+    if run.cgroup or run.pids:
+        probes += _optional("cgroup", "CgroupProbe", run)
+    probes += _optional("perf", "perf_run_probes", run.pids)  # [] when counted system-wide
+    return probes
