@@ -124,6 +124,7 @@ class SlurmCluster:
         self.spool = os.path.join(base, "spool")
         self.hook_log = os.path.join(base, "log", "reveal-hooks.log")
         self.hook_config_path = os.path.join(base, "etc", "reveal-slurm.toml")
+        self.hook_times = os.path.join(base, "log", "hook-times.log")  # "hook job usec rc"
         self.spank_so = os.path.join(base, "lib", "reveal_spank.so")
         self.munge_socket = os.path.join(base, "munge-run", "munge.socket")
         self.node = socket.gethostname().split(".")[0]
@@ -216,6 +217,18 @@ class SlurmCluster:
         subprocess.run(["scontrol", "update", f"nodename={self.node}", "state=resume"],
                        capture_output=True, env=self.env, timeout=30)
 
+    def hook_wall_times(self, hook: str) -> dict[str, float]:
+        """{job_id: seconds} of ``hook`` (prolog/epilog) as measured by its wrapper script."""
+        out = {}
+        try:
+            for line in open(self.hook_times):
+                h, job, usec, _rc = line.split()
+                if h == hook:
+                    out[job] = int(usec) / 1e6
+        except OSError:
+            pass
+        return out
+
     def log_offset(self) -> int:
         try:
             return os.path.getsize(self.hook_log)
@@ -281,9 +294,15 @@ class SlurmCluster:
                 f.write("#!/bin/sh\n"
                         f"export REVEAL_SLURM_CONFIG={self.hook_config_path}\n"
                         f"export REVEAL_SLURM_LOG={self.hook_log}\n"
-                        "export REVEAL_SLURM_TIMING=1\n"
                         f"export PYTHONPATH={REPO}\n"
-                        f"exec {py} -m reveal_plugins.slurm.cli {hook}\n")
+                        # Wall time as Slurm sees it (interpreter start included).
+                        "t0=$(date +%s%N)\n"
+                        f"{py} -m reveal_plugins.slurm.cli {hook}\n"
+                        "rc=$?\n"
+                        "t1=$(date +%s%N)\n"
+                        f'echo "{hook} $SLURM_JOB_ID $(( (t1 - t0) / 1000 )) $rc" >> '
+                        f"{self.hook_times}\n"
+                        "exit $rc\n")
             os.chmod(p, 0o755)
         with open(self.hook_config_path, "w") as f:
             f.write(self.default_hook_config)
