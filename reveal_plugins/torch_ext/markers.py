@@ -19,6 +19,7 @@ import json
 import logging
 import os
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -29,7 +30,7 @@ ENV_SOCK = "REVEAL_MARKER_SOCK"
 ENV_AUTO = "REVEAL_ITERATION_MARKERS"
 FLUSH_S = 0.5           # at most this long between batches (bounds what a crash loses)
 FLUSH_N = 1024          # and at most this many steps per batch (8 KiB datagram)
-MIN_EVENT_SPAN_S = 0.02  # launcher side: merge steps so a rank writes <= ~50 events/s
+MIN_EVENT_SPAN_S = 0.1  # launcher side: merge steps so a rank writes <= ~10 events/s
 
 _lock = threading.Lock()
 _marker: "_Marker | None" = None
@@ -162,6 +163,47 @@ def maybe_auto_instrument() -> bool:
     return instrument()
 
 
+class _OptimizerWatcher:
+    """Meta-path finder that calls ``maybe_auto_instrument()`` right after
+    ``torch.optim.optimizer`` is first imported -- so the worker bootstrap never imports torch
+    itself (the script may still set up its environment before ``import torch``)."""
+
+    TARGET = "torch.optim.optimizer"
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.TARGET:
+            return None
+        import importlib.util
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        loader = spec.loader
+        orig = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            orig(module)
+            try:
+                maybe_auto_instrument()
+            except Exception as e:  # never break the user's import of torch
+                log.warning("reveal: iteration markers not installed: %s", e)
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def install_import_hook() -> None:
+    """Worker bootstrap for ``REVEAL_ITERATION_MARKERS=1`` (see launcher.BOOTSTRAP)."""
+    if os.environ.get(ENV_AUTO, "") in ("", "0", "false", "no", "off"):
+        return
+    if _OptimizerWatcher.TARGET in sys.modules:
+        maybe_auto_instrument()
+    elif not any(isinstance(f, _OptimizerWatcher) for f in sys.meta_path):
+        sys.meta_path.insert(0, _OptimizerWatcher())
+
+
 # ----------------------------------------------------------------------------- launcher side
 
 def decode(payload: bytes) -> tuple[dict[str, Any], list[float]]:
@@ -216,8 +258,9 @@ def iteration_events(rank: int, first_step: int, times: list[float], prev_t: flo
 class MarkerReceiver:
     """Launcher side: a Unix datagram socket and a thread turning batches into events.
 
-    ``emit(event_name, t, **fields)`` is called from the receiver thread for every ``rank``
-    (first batch of a worker process) and ``iteration`` event.
+    ``emit(events)`` is called from the receiver thread with the list of events one datagram
+    yields (dicts with ``t`` and ``event``): ``iteration`` events, and a ``rank`` event for
+    a worker's first batch when it knows its GPU.
     """
 
     def __init__(self, sock_path: str, emit: Callable[..., Any]) -> None:
@@ -260,21 +303,28 @@ class MarkerReceiver:
             return
         rank, pid = int(hdr["rank"]), int(hdr.get("pid", 0))
         key = (rank, pid)
+        out: list[dict[str, Any]] = []
         if key not in self.seen:
             self.seen[key] = hdr
-            self.emit("rank", times[0] if times else None,
-                      **{k: hdr.get(k) for k in ("rank", "local_rank", "group_rank", "world_size",
-                                                 "pid", "host", "restart", "gpu")})
+            if hdr.get("gpu") is not None:
+                out.append({"t": times[0] if times else time.time(), "event": "rank",
+                            **{k: hdr.get(k) for k in ("rank", "local_rank", "group_rank",
+                                                       "world_size", "pid", "host", "restart",
+                                                       "gpu")}})
         last = self._last.get(key)
         first = int(hdr["first_step"])
         prev_t = last[1] if last and last[0] == first - 1 else None
         self.dropped = max(self.dropped, int(hdr.get("dropped", 0)))
         for ev in iteration_events(rank, first, times, prev_t):
-            t = ev.pop("t")
-            self.emit("iteration", t, **ev)
+            out.append({"t": ev.pop("t"), "event": "iteration", **ev})
         if times:
             self._last[key] = (first + len(times) - 1, times[-1])
             self.steps += len(times)
+        if out:
+            try:
+                self.emit(out)
+            except Exception as e:
+                log.debug("iteration events lost: %s", e)
 
     def close(self, drain_s: float = 0.3) -> None:
         """Stop after draining what workers flushed at exit."""
