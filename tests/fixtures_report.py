@@ -156,11 +156,11 @@ def make_report(meta: dict, anomalies: bool = True, samples: int | None = None) 
              "title": "CPU contention from processes outside the job",
              "evidence": [
                  {"channel": "cpu.psi.some_total", "deviation": 14.2, "baseline": 10000.0,
-                  "observed": 600000.0},
+                  "observed": 600000.0, "unit": "us/s"},
                  {"channel": "cpu.procs_running", "deviation": 9.1, "baseline": 1.5,
-                  "observed": 5.5},
+                  "observed": 5.5, "unit": "tasks"},
                  {"channel": "gpu.0.util_sm", "deviation": -7.5, "baseline": 92.0,
-                  "observed": 35.0},
+                  "observed": 35.0, "unit": "%"},
                  {"channel": "cpu.all.user", "deviation": 6.0, "baseline": 76.0,
                   "observed": 168.0}],
              "hints": [
@@ -202,6 +202,9 @@ def make_report(meta: dict, anomalies: bool = True, samples: int | None = None) 
                       "probes": [{"name": p["name"], "available": p["available"],
                                   "reason": p["reason"]} for p in meta["probes"]]},
         "anomalies": an,
+        "analysis": {"window_s": 3.0, "stride_s": 1.0, "windows": 118, "channels_in": len(
+            meta["channels"]), "channels_analysed": 31, "detectors": ["robust_z", "pca",
+                                                                     "iforest"]},
         "summary": ("2 anomalies: CPU contention (30 s, iteration time ×2.2) and an I/O "
                     "stall (10 s)." if anomalies else "No anomalies found in 118 windows."),
     }

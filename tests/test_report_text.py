@@ -81,6 +81,15 @@ def test_impact_field_from_the_pipeline_wins_over_markers(report_run):
     assert "iteration time 0.20 s → 0.30 s · +50 %, 1.5× slower" in flat
 
 
+def test_pipeline_impact_form(report_run):
+    d, rep = report_run
+    rep["anomalies"][0]["impact"] = {"iteration_time_pct": 120.0, "iteration_time_s": 0.44,
+                                     "iteration_time_baseline_s": 0.2, "iterations": 66,
+                                     "text": "iteration time +120% during this anomaly"}
+    flat = _squash(render_text(rep, color=False))
+    assert "iteration time 0.20 s → 0.44 s · +120 %, 2.2× slower · 66 iterations affected" in flat
+
+
 def test_colour_only_when_asked_or_on_a_terminal(report_run, monkeypatch):
     d, rep = report_run
     monkeypatch.delenv("NO_COLOR", raising=False)
@@ -106,7 +115,7 @@ def test_run_without_anomalies_says_so(tmp_path):
     out = render_text(rep, color=False, run_dir=d)
     flat = _squash(out)
     assert "No anomalies" in flat and "What to do" not in flat
-    assert "No anomalies found in 118 windows." in flat
+    assert "checked 118 windows of 3.0 s over 31 of 48 channels" in flat
     cpu_mean = float(re.search(r"CPU .*? (\d+) % mean", flat).group(1))
     assert 40 <= cpu_mean <= 50  # the calm run's 45 % busy
 

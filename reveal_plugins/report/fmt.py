@@ -72,6 +72,20 @@ COUNTER_DISPLAY = {"us": (1e-4, "% of time"), "ticks": (1e-2, "cores"),
                    "sectors": (512e-6, "MB/s"), "bytes": (1e-6, "MB/s"), "ms": (0.1, "% busy")}
 
 
+def unit_scale(unit: str, magnitude: float = 0.0) -> tuple[float, str]:
+    """(scale, unit) for a value already in ``unit`` as the analysis reports it (``us/s`` is a
+    counter's rate, ``kB`` a gauge)."""
+    if unit.endswith("/s") and unit[:-2] in COUNTER_DISPLAY:
+        return COUNTER_DISPLAY[unit[:-2]]
+    if unit in ("count/s",):
+        return 1.0, "/s"
+    if unit == "C":
+        return 1.0, "°C"
+    if unit == "kB":
+        return (1.0 / 1024 ** 2, "GiB") if magnitude >= 1024 ** 2 else (1.0 / 1024, "MiB")
+    return 1.0, unit
+
+
 def display_scale(channel: str, channels: dict[str, dict] | None) -> tuple[float, str]:
     """(scale, unit) that turn a channel's value as the analysis reports it (counters as
     per-second rates) into what a person reads: µs/s of stall -> % of time, ticks/s -> cores,
@@ -91,8 +105,10 @@ def display_scale(channel: str, channels: dict[str, dict] | None) -> tuple[float
 
 def evidence_line(ev: dict, channels: dict[str, dict] | None = None) -> tuple[str, str, str]:
     """(channel, "baseline → observed", "z +14.2") for one evidence item."""
-    if ev.get("unit"):
-        scale, unit = 1.0, ev["unit"]
+    if ev.get("unit") is not None:
+        mag = max(abs(x) for x in (ev.get("baseline"), ev.get("observed"), 0.0)
+                  if isinstance(x, (int, float)))
+        scale, unit = unit_scale(str(ev["unit"]), mag)
     else:
         scale, unit = display_scale(ev["channel"], channels)
     b, o = ev.get("baseline"), ev.get("observed")
@@ -119,6 +135,14 @@ def impact_text(impact: Any) -> str | None:
         return impact
     if not isinstance(impact, dict):
         return str(impact)
+    if "iteration_time_s" in impact or "iteration_time_pct" in impact:
+        # the detection pipeline's form
+        impact = {"metric": "iteration_time", "unit": "s",
+                  "baseline": impact.get("iteration_time_baseline_s"),
+                  "observed": impact.get("iteration_time_s"),
+                  "ratio": (1 + impact["iteration_time_pct"] / 100.0)
+                  if isinstance(impact.get("iteration_time_pct"), (int, float)) else None,
+                  "iterations": impact.get("iterations"), "text": impact.get("text")}
     metric = str(impact.get("metric", "iteration_time")).replace("_", " ")
     unit = impact.get("unit", "s")
     b, o = impact.get("baseline"), impact.get("observed")
@@ -141,7 +165,7 @@ def impact_text(impact: Any) -> str | None:
         parts.append(f"{metric} {float(impact['slowdown_pct']):+.0f} %")
     if impact.get("iterations"):
         parts.append(f"{impact['iterations']} iterations affected")
-    if impact.get("text"):
+    if not parts and impact.get("text"):
         parts.append(str(impact["text"]))
     return " · ".join(parts) if parts else None
 
@@ -167,5 +191,5 @@ def command_text(cmd: Any) -> str:
         return ""
     if isinstance(cmd, (list, tuple)):
         import shlex
-        return " ".join(shlex.quote(str(c)) for c in cmd)
-    return str(cmd)
+        cmd = " ".join(shlex.quote(str(c)) for c in cmd)
+    return " ".join(str(cmd).split())  # one line, even for `python -c '...multi-line...'`

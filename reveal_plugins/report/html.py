@@ -27,6 +27,10 @@ SUBSYSTEM_TITLES = {"cpu": "CPU", "gpu": "GPU", "memory": "Memory", "storage": "
                     "network": "Network", "system": "System", "training": "Training"}
 COLORS = {"cpu": "#d62728", "memory": "#9467bd", "storage": "#8c564b", "network": "#1f77b4",
           "gpu": "#2ca02c", "system": "#7f7f7f", "training": "#ff7f0e"}
+# Text stays text in the SVG (not glyph outlines): smaller, selectable, searchable.
+RC = {"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 9, "axes.spines.top": False,
+      "axes.spines.right": False, "path.simplify": True, "svg.hashsalt": "reveal",
+      "font.family": "DejaVu Sans"}
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
 
@@ -127,48 +131,44 @@ def _figure(panels: list[Panel], anomalies: list[tuple[int, dict]], t0: float, t
     import matplotlib.pyplot as plt
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-    with plt.rc_context({"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 9,
-                         "axes.spines.top": False, "axes.spines.right": False,
-                         "path.simplify": True, "svg.hashsalt": "reveal",
-                         "font.family": "DejaVu Sans"}):
-        fig, axes = plt.subplots(len(panels), 1, sharex=True,
-                                 figsize=(10.5, 0.35 + 1.25 * len(panels)), squeeze=False)
-        axes = axes[:, 0]
-        for k, (ax, p) in enumerate(zip(axes, panels)):
-            x = p.t - t0
-            tm, mean, lo, hi = downsample(x, p.y)
-            if lo is not None:
-                ax.fill_between(tm, lo, hi, color=p.color, alpha=0.22, linewidth=0)
-            ax.plot(tm, mean, color=p.color, linewidth=1.1,
-                    drawstyle="steps-post" if p.step else "default")
-            ax.set_ylabel(p.unit, fontsize=8)
-            ax.set_title(p.label, loc="left", fontsize=9, pad=3)
-            ax.yaxis.set_major_locator(MaxNLocator(3))
-            ax.grid(axis="y", color="#e6e9ee", linewidth=0.6)
-            ymax = np.nanmax(hi if hi is not None else mean) if np.isfinite(mean).any() else 1
-            if np.isfinite(ymax) and ymax >= 0:
-                ax.set_ylim(bottom=min(0, float(np.nanmin(lo if lo is not None else mean))))
-            for n, a in anomalies:
-                mine = a["subsystem"] == own
-                ax.axvspan(a["start"] - t0, a["end"] - t0, color=COLORS.get(a["subsystem"], "#999"),
-                           alpha=0.20 if mine else 0.08, linewidth=0)
-                if k == 0:
-                    ax.annotate(f"#{n} {a['subsystem']}", xy=(a["start"] - t0, 1.0),
-                                xycoords=("data", "axes fraction"), xytext=(2, -2),
-                                textcoords="offset points", va="top", fontsize=8,
-                                fontweight="bold" if mine else "normal",
-                                color=COLORS.get(a["subsystem"], "#555"),
-                                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
-                                      "alpha": 0.85})
-            for st in steps[1:]:
-                ax.axvline(st["start"] - t0, color="#888", linestyle=":", linewidth=0.8)
-        axes[-1].set_xlim(0, max(t_end - t0, 1e-3))
-        axes[-1].xaxis.set_major_formatter(FuncFormatter(_mmss))
-        axes[-1].xaxis.set_major_locator(MaxNLocator(10))
-        axes[-1].set_xlabel("time since start (m:ss)", fontsize=8)
-        fig.align_ylabels(axes)
-        fig.tight_layout(h_pad=0.6)
-        return fig
+    fig, axes = plt.subplots(len(panels), 1, sharex=True,
+                             figsize=(10.5, 0.35 + 1.25 * len(panels)), squeeze=False)
+    axes = axes[:, 0]
+    for k, (ax, p) in enumerate(zip(axes, panels)):
+        x = p.t - t0
+        tm, mean, lo, hi = downsample(x, p.y)
+        if lo is not None:
+            ax.fill_between(tm, lo, hi, color=p.color, alpha=0.22, linewidth=0)
+        ax.plot(tm, mean, color=p.color, linewidth=1.1,
+                drawstyle="steps-post" if p.step else "default")
+        ax.set_ylabel(p.unit, fontsize=8)
+        ax.set_title(p.label, loc="left", fontsize=9, pad=3)
+        ax.yaxis.set_major_locator(MaxNLocator(3))
+        ax.grid(axis="y", color="#e6e9ee", linewidth=0.6)
+        ymax = np.nanmax(hi if hi is not None else mean) if np.isfinite(mean).any() else 1
+        if np.isfinite(ymax) and ymax >= 0:
+            ax.set_ylim(bottom=min(0, float(np.nanmin(lo if lo is not None else mean))))
+        for n, a in anomalies:
+            mine = a["subsystem"] == own
+            ax.axvspan(a["start"] - t0, a["end"] - t0, color=COLORS.get(a["subsystem"], "#999"),
+                       alpha=0.20 if mine else 0.08, linewidth=0)
+            if k == 0:
+                ax.annotate(f"#{n} {a['subsystem']}", xy=(a["start"] - t0, 1.0),
+                            xycoords=("data", "axes fraction"), xytext=(2, -2),
+                            textcoords="offset points", va="top", fontsize=8,
+                            fontweight="bold" if mine else "normal",
+                            color=COLORS.get(a["subsystem"], "#555"),
+                            bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none",
+                                  "alpha": 0.85})
+        for st in steps[1:]:
+            ax.axvline(st["start"] - t0, color="#888", linestyle=":", linewidth=0.8)
+    axes[-1].set_xlim(0, max(t_end - t0, 1e-3))
+    axes[-1].xaxis.set_major_formatter(FuncFormatter(_mmss))
+    axes[-1].xaxis.set_major_locator(MaxNLocator(10))
+    axes[-1].set_xlabel("time since start (m:ss)", fontsize=8)
+    fig.align_ylabels(axes)
+    fig.tight_layout(h_pad=0.6)
+    return fig
 
 
 def _figures(rep: dict, view: RunView, prefix: str, progress: Progress) -> list[tuple[str, str, str]]:
@@ -216,11 +216,12 @@ def _figures(rep: dict, view: RunView, prefix: str, progress: Progress) -> list[
     steps = rep["run"].get("steps") or []
     for i, (sub, panels) in enumerate(todo, 1):
         progress.update("drawing timelines", i, len(todo))
-        fig = _figure(panels, anomalies, t0, t_end, sub, steps)
-        try:
-            svg = _svg(fig, f"{prefix}{sub}-")
-        finally:
-            plt.close(fig)
+        with plt.rc_context(RC):  # also around savefig, which reads svg.* settings
+            fig = _figure(panels, anomalies, t0, t_end, sub, steps)
+            try:
+                svg = _svg(fig, f"{prefix}{sub}-")
+            finally:
+                plt.close(fig)
         n_an = sum(1 for _, a in anomalies if a["subsystem"] == sub)
         cap = SUBSYSTEM_TITLES.get(sub, sub) + (f" — {n_an} anomal{'y' if n_an == 1 else 'ies'}"
                                                if n_an else "")

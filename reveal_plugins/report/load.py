@@ -113,22 +113,17 @@ def minimal_report(run_dir: str, reason: str) -> dict:
     }
 
 
-def analyze(run_dir: str, write: bool = True) -> dict:
-    """Run the analysis hook on ``run_dir``; write ``report.json`` when possible."""
-    from ..hooks.manager import get_plugin_manager
-    pm = get_plugin_manager()
-    rep = pm.hook.reveal_analyze(run_dir=run_dir, config={})
-    if rep is None:
-        return minimal_report(run_dir, "no analysis plugin is installed (reveal_analyze "
-                                       "returned nothing)")
-    check_report(rep, f"{run_dir} (analysis result)")
-    if write:
-        try:
-            store._atomic_write(os.path.join(run_dir, store.REPORT),
-                                json.dumps(rep, indent=1).encode())
-        except OSError:
-            pass  # read-only run directory: show the report anyway
-    return rep
+def analyze(run_dir: str) -> dict:
+    """Analyse ``run_dir`` now (``reveal_analyze`` hook) and write its ``report.json``.
+
+    Sinks are not called: looking at a report must not publish it; ``reveal analyze`` does.
+    """
+    from ..analysis import AnalysisUnavailable, analyze_and_publish
+    try:
+        rep = analyze_and_publish(run_dir, publish=False)
+    except AnalysisUnavailable as e:
+        return minimal_report(run_dir, str(e))
+    return check_report(rep, f"{run_dir} (analysis result)")
 
 
 def get_report(target: str, reanalyze: bool = False) -> dict:

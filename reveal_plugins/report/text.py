@@ -212,6 +212,34 @@ def _hints(rep: dict, s: Style, width: int) -> list[str]:
     return out
 
 
+def _one_line_summary(report: dict) -> bool:
+    """The pipeline's ``summary`` is its own multi-line screen (shown when this renderer is
+    absent); only a one-line summary adds something here."""
+    summ = report.get("summary") or ""
+    return bool(summ) and "\n" not in summ.strip() and not summ.startswith("Reveal:")
+
+
+def _footnotes(report: dict, s: Style) -> list[str]:
+    """How much was checked (so "no anomalies" can be trusted) and the analysis notes."""
+    out = []
+    an = report.get("analysis") or {}
+    if an.get("windows"):
+        what = f"checked {an['windows']} windows of {fmt.duration(an.get('window_s'))}"
+        if an.get("channels_analysed") is not None:
+            what += (f" over {an['channels_analysed']} of {an.get('channels_in', '?')} channels"
+                     " (the others were constant or empty)")
+        if an.get("detectors"):
+            what += f" with {', '.join(an['detectors'])}"
+        if an.get("baseline"):
+            what += " and a baseline of earlier healthy runs"
+        out.append(s(f"  {what}", "dim"))
+    elif not report.get("anomalies") and _one_line_summary(report):
+        out.append(s(f"  {report['summary']}", "dim"))
+    for n in (report.get("notes") or [])[:3]:
+        out.append(s(f"  note: {n}", "dim"))
+    return out
+
+
 def render_text(report: dict, color: bool | None = None, run_dir: str | None = None,
                 view: RunView | None = None, width: int | None = None) -> str:
     """Render one run's report as a screenful of text.
@@ -246,10 +274,9 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     elif not anomalies:
         out.append(s("✓ No anomalies", "bold", "green") + ": the hardware and OS signals stayed "
                    "within what this run itself showed as normal.")
-        if report.get("summary"):
-            out.append(f"  {report['summary']}")
     else:
-        out.append(s(f"Anomalies ({len(anomalies)})", "bold") + "  " + report.get("summary", ""))
+        out.append(s(f"Anomalies ({len(anomalies)})", "bold") + (
+            f"  {report['summary']}" if _one_line_summary(report) else ""))
         # numbered by time, so "#2" means the same anomaly in the hints and in the HTML
         shown = sorted(anomalies, key=lambda a: a["start"])
         top = {id(a) for a in sorted(shown, key=lambda a: -(a.get("score") or 0))[:MAX_ANOMALIES]}
@@ -260,6 +287,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
             out.append(s(f"  … {len(anomalies) - MAX_ANOMALIES} lower-scored anomalies not "
                          "shown; see --format html or json", "dim"))
         out += _hints({"anomalies": shown}, s, width)
+    out += _footnotes(report, s)
     return "\n".join(out) + "\n"
 
 
