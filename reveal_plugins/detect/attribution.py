@@ -20,6 +20,60 @@ CPU_CARRIER = 0.8
 DISCOUNT = {"cpu": CPU_CARRIER, "system": 0.6}
 
 
+#: Symptoms: channels whose move in the given direction means the job is being held back
+#: (pressure, stalls, loss, throttling), as opposed to mere activity (more bytes moved, more
+#: pages written).  An event needs at least one symptom to be reported as an anomaly; the
+#: others become observations.  (regex, direction +1 up / -1 down)
+SYMPTOMS: list[tuple[str, int]] = [
+    (r"^(cpu|memory|storage)\.psi\.", +1),
+    (r"^cpu\.procs_running$", +1), (r"^system\.nr_running$", +1),
+    (r"^cpu\.[^.]+\.steal_pct$", +1), (r"^cpu\.[^.]+\.iowait_pct$", +1),
+    (r"^cpu\.core\d+\.freq$", -1), (r"^cpu\..*freq", -1),
+    (r"^cpu\.run\.(usage|user)$", -1), (r"^cpu\.run\.(throttled_time|nr_throttled)$", +1),
+    (r"^storage\.procs_blocked$", +1),
+    (r"^storage\.[^.]+\.(weighted_io_ms|in_flight|read_ms|write_ms|flush_ms)$", +1),
+    (r"^memory\.(run\.)?MemAvailable$", -1), (r"^memory\.(run\.)?used_pct$", +1),
+    (r"^memory\.run\.(usage|anon)$", +1),
+    (r"^memory\.vm\.(pgmajfault|pswpin|pswpout|allocstall|pgscan_direct|pgsteal_direct|"
+     r"workingset_refault)", +1),
+    (r"^memory\.run\.(failcnt|oom|oom_kill|high)$", +1),
+    (r"^network\..*(retrans|Retrans|Timeouts|Lost|errs|drop|Drop|Errors|Overflows|"
+     r"symbol|discard)", +1),
+    (r"^network\.[^.]+\.(rx|tx)_(bytes|packets)$", -1),
+    (r"^network\.ib\..*(xmit_wait|port_xmit_discards)", +1),
+    (r"^gpu\.\d+\.throttle_(?!idle|sync_boost)", +1), (r"^gpu\.\d+\.(clock_sm|sm_clock_pct)", -1),
+    (r"^gpu\.\d+\.(temp|memory_temp)$", +1), (r"^gpu\.\d+\.(ecc_|xid|pcie_replay|remap)", +1),
+    (r"^gpu\.\d+\.util_sm$", -1), (r"^gpu\.\d+\.pcie_link_(gen|width)$", -1),
+    (r"^cpu\.(run\.)?perf\.ipc$", -1), (r"^cpu\.(run\.)?perf\.(cache_miss_pct|l3_stall_ratio)$",
+                                        +1),
+]
+_SYMPTOM_RX = None
+
+
+def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """(is_symptom, direction) per channel."""
+    import re
+
+    global _SYMPTOM_RX
+    if _SYMPTOM_RX is None:
+        _SYMPTOM_RX = [(re.compile(p), d) for p, d in SYMPTOMS]
+    is_s = np.zeros(len(names), bool)
+    dirn = np.zeros(len(names))
+    for i, n in enumerate(names):
+        for rx, d in _SYMPTOM_RX:
+            if rx.search(n):
+                is_s[i], dirn[i] = True, d
+                break
+    return is_s, dirn
+
+
+def symptoms(dev: np.ndarray, names: list[str], min_dev: float) -> list[int]:
+    """Indices of symptom channels that moved at least ``min_dev`` in their harmful direction."""
+    is_s, dirn = symptom_mask(names)
+    hit = is_s & (dev * dirn >= min_dev)
+    return [int(i) for i in np.nonzero(hit)[0]]
+
+
 def reference(means: np.ndarray, rows: np.ndarray, floors: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray]:
     """Reference level and spread of every channel over the given (normal) windows."""

@@ -23,57 +23,40 @@ _MiB = 1024.0 * 1024.0
 
 def unit_floor(name: str, unit: str) -> float:
     """Smallest meaningful change for a channel, in its prepared unit (rates are per second)."""
-    u = (unit or "").strip().lower()
+    u = (unit or "").strip().lower().replace("µ", "u")
     leaf = name.rsplit(".", 1)[-1].lower()
-    if u in ("%", "percent", "pct") or leaf.endswith("_pct") or leaf.endswith("pct"):
+    if u in ("%", "percent", "pct") or leaf.endswith("pct"):
         return 2.0
-    if "psi" in name and (u.startswith("us") or u.startswith("µs")):
-        return 20_000.0            # 2 % of the time stalled
-    if "psi" in name and u in ("", "%", "pct"):
-        return 2.0
-    if u.startswith("ticks") or u.startswith("jiffies"):
-        return 5.0                 # 5 % of one core (USER_HZ=100)
-    if u in ("b/s", "bytes/s", "byte/s"):
-        return 1.0 * _MiB
-    if u in ("kb/s", "kib/s"):
-        return 1024.0
-    if u in ("sectors/s", "sector/s"):
-        return 2048.0
-    if u in ("kb", "kib"):
-        return 64 * 1024.0
-    if u in ("b", "bytes", "byte"):
-        return 64 * _MiB
-    if u in ("mb", "mib"):
-        return 64.0
-    if u in ("pages/s", "page/s"):
-        return 256.0
-    if u in ("pages",):
-        return 16384.0
-    if u.startswith("ms/s"):
-        return 20.0                # 2 % busy (io_ticks)
-    if u.startswith("us/s") or u.startswith("µs/s"):
-        return 20_000.0
-    if u.startswith("ns/s"):
-        return 2e7
-    if u in ("c", "°c", "celsius", "degc"):
-        return 3.0
-    if u in ("w", "watt", "watts", "mw"):
-        return 10.0 if u != "mw" else 10_000.0
-    if u in ("mhz",):
-        return 50.0
-    if u in ("hz",):
-        return 50e6
-    if u in ("packets/s", "pkts/s", "packet/s"):
-        return 200.0
-    if re.search(r"(err|drop|retrans|fault|xid|ecc|oom)", leaf):
-        return 1.0
+    table = {
+        "ticks/s": 5.0, "jiffies/s": 5.0,          # 5 % of one core (USER_HZ=100)
+        "us/s": 20_000.0, "ms/s": 20.0, "ns/s": 5e7, "s/s": 0.05,   # 2-5 % of the time/a core
+        "b/s": _MiB, "bytes/s": _MiB, "byte/s": _MiB, "kb/s": 1024.0, "kib/s": 1024.0,
+        "sectors/s": 2048.0, "sector/s": 2048.0,
+        "kb": 64 * 1024.0, "kib": 64 * 1024.0, "b": 64 * _MiB, "bytes": 64 * _MiB,
+        "mb": 64.0, "mib": 64.0, "pages": 16384.0, "pages/s": 256.0,
+        "c": 3.0, "degc": 3.0, "°c": 3.0, "celsius": 3.0,
+        "w": 10.0, "j/s": 10.0, "mw": 10_000.0, "mhz": 50.0, "hz": 50e6,
+        "gen": 0.5, "lanes": 1.0, "flag": 0.5, "state": 0.5, "gb/s": 1.0,
+        "tasks": 1.0, "processes": 1.0, "requests": 1.0, "cores": 0.1,
+        "cycles/s": 1e8, "instructions/s": 1e8, "references/s": 1e6, "misses/s": 1e5,
+        "branches/s": 1e7, "packets/s": 200.0, "pkts/s": 200.0,
+        "errors/s": 0.2, "events/s": 0.2, "kills/s": 0.2, "replays/s": 0.2,
+    }
+    if u in table:
+        f = table[u]
+        if u == "tasks" and "load" in leaf:
+            return 0.5
+        if u == "tasks" and "threads" in leaf:
+            return 8.0
+        return f
+    if re.search(r"(err|drop|retrans|timeout|fault|xid|ecc|oom|fail|lost|abort|overflow)",
+                 leaf):
+        return 1.0 if not leaf.startswith("pgfault") else 500.0
     if "load" in leaf:
         return 0.5
-    if "procs_running" in leaf or "procs_blocked" in leaf or "running" in leaf:
-        return 1.0
     if u.endswith("/s"):
         return 20.0
-    return 1e-6
+    return 1.0
 
 
 def channel_floors(names: list[str], units: list[str]) -> np.ndarray:

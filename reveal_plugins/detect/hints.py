@@ -192,8 +192,9 @@ def memory_bandwidth(anomaly: dict, context: Ctx) -> list[dict]:
 def storage_stall(anomaly: dict, context: Ctx) -> list[dict]:
     m = (_moved(context, r"^storage\.psi\.", 3, +1)
          + _moved(context, r"^cpu\..*iowait", 3, +1)
-         + _moved(context, r"^storage\.[^.]+\.(io_ticks|time_in_queue|weighted|busy|await|"
-                           r"read_time|write_time|in_flight|util)", 3, +1)
+         + _moved(context, r"^storage\.procs_blocked$", 3, +1)
+         + _moved(context, r"^storage\.[^.]+\.(io_ms|weighted_io_ms|read_ms|write_ms|flush_ms|"
+                           r"io_ticks|time_in_queue|in_flight|await|util)", 3, +1)
          + _moved(context, r"^storage\.[^.]+\.(read|write)", 3, +1))
     if not m or (anomaly.get("subsystem") != "storage" and len(m) < 2):
         return []
@@ -216,8 +217,9 @@ def storage_stall(anomaly: dict, context: Ctx) -> list[dict]:
 
 @hookimpl(specname="reveal_hints")
 def network_degradation(anomaly: dict, context: Ctx) -> list[dict]:
-    retrans = _moved(context, r"^network\.tcp\.(RetransSegs|TCPLostRetransmit|TCPTimeouts|"
-                              r"TCPSynRetrans)", 3, +1)
+    retrans = _moved(context, r"^network\.tcp(ext)?\.(RetransSegs|TCPLostRetransmit|TCPTimeouts|"
+                              r"TCPSynRetrans|TCPFastRetrans|TCPSlowStartRetrans|TCPLossProbes)",
+                     3, +1)
     collapse = _moved(context, r"^network\.[^.]+\.(rx|tx)_(bytes|packets)$", 3, -1)
     if not (retrans or (collapse and anomaly.get("subsystem") == "network")):
         return []
@@ -262,7 +264,7 @@ def network_errors(anomaly: dict, context: Ctx) -> list[dict]:
 
 @hookimpl(specname="reveal_hints")
 def gpu_throttling(anomaly: dict, context: Ctx) -> list[dict]:
-    m = (_moved(context, r"^gpu\.\d+\..*(throttle|clocks_event|slowdown)", 2, +1)
+    m = (_moved(context, r"^gpu\.\d+\.(throttle|clocks_event)_(?!idle|sync_boost)", 2, +1)
          + _moved(context, r"^gpu\.\d+\..*(sm_clock_pct_of_max|clock_sm|sm_clock)", 3, -1)
          + _moved(context, r"^gpu\.\d+\..*(temp)", 3, +1))
     if not m:

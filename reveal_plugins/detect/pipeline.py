@@ -39,6 +39,8 @@ DEFAULTS: dict[str, Any] = {
     "min_deviation": 4.0,     # an event needs a channel this far out (floored robust units)
     "baseline_threshold": 6.0,
     "max_anomalies": 50,
+    "require_symptom": True,  # activity without pressure/stall/loss -> observation, not anomaly
+    "min_slowdown_pct": 10.0, # ...unless iteration markers show at least this slowdown
 }
 
 
@@ -49,6 +51,7 @@ class Detection:
     anomalies: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     analysis: dict = field(default_factory=dict)
+    observations: list[dict] = field(default_factory=list)
     samples: int = 0
     t_first: float | None = None
     t_last: float | None = None
@@ -226,6 +229,7 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
     center, scale = attr.reference(means, normal, floors)
     spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
     anomalies: list[dict] = []
+    observations: list[dict] = []
     weak = 0
     host = meta.get("host") or (meta.get("run") or {}).get("host")
     for (a, b), (s0, s1) in zip(groups, spans):
@@ -248,8 +252,18 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         if np.max(np.abs(dev)) < cfg["min_deviation"]:
             weak += 1
             continue
+        symp = attr.symptoms(dev, P.names, cfg["min_deviation"])
+        impact = attr.iteration_impact(events, s0, s1, spans)
+        slowed = bool(impact and impact["iteration_time_pct"] >= cfg["min_slowdown_pct"])
         sub, sub_scores = attr.choose_subsystem(dev, P.names)
         ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub)
+        if cfg["require_symptom"] and not symp and not slowed:
+            observations.append({"start": s0, "end": s1, "subsystem": sub,
+                                 "score": round(float(np.max(fused[rows])), 2),
+                                 "evidence": ev[:5],
+                                 "why_not_anomaly": "activity changed but no pressure, stall, "
+                                 "loss or throttling signal moved (and no iteration slowdown)"})
+            continue
         score = float(np.max(bscore[rows] if from_baseline else fused[rows]))
         an = {"id": "", "start": s0, "end": s1, "node": host, "step_id": None,
               "subsystem": sub, "score": round(score, 2), "evidence": ev, "hints": [],
@@ -258,7 +272,8 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
               "windows": int(len(rows))}
         if from_baseline:
             an["baseline"] = True
-        impact = attr.iteration_impact(events, s0, s1, spans)
+        if symp:
+            an["symptoms"] = [P.names[i] for i in symp[:6]]
         if impact:
             an["impact"] = impact
         an["step_id"] = _step_of(meta, events, s0)
@@ -280,6 +295,7 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
     for i, an in enumerate(anomalies, 1):
         an["id"] = f"A{i}"
     out.anomalies = anomalies
+    out.observations = observations
     out.analysis["flagged_windows"] = int(flag.sum())
     return out
 
@@ -367,6 +383,7 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
            "run": run_section(meta, det.t_first, det.t_last),
            "telemetry": telemetry_section(meta, len(fr.t), len(fr.channels), data.bytes_stored,
                                           None),
-           "anomalies": det.anomalies, "notes": notes, "analysis": det.analysis}
+           "anomalies": det.anomalies, "observations": det.observations, "notes": notes,
+           "analysis": det.analysis}
     rep["summary"] = summary(rep)
     return rep

@@ -1,0 +1,161 @@
+"""Live mode: cheap detection on a recent horizon while the run goes on.
+
+The agent creates one :class:`LiveAnalyzer` per run registered with live mode and calls
+:meth:`LiveAnalyzer.update` every ~2 s with the raw rows since the previous call.  Each new
+3-s window (1-s stride) is compared with the run's own recent normal windows (robust level and
+spread, with the same practical floors as the batch analysis); a finding is returned once
+``min_windows`` consecutive windows deviate *and* show a symptom (pressure, stall, loss,
+throttling).  A finding is reported once; the next one can only start after the signals have
+been back to normal for ``gap_s``.  Cost per call: one pass over the horizon (default 120 s).
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..types import ChannelMeta
+from . import attribution as attr
+from .features import channel_floors, robust_center_scale
+from .prepare import add_derived, to_rates
+from .windows import sliding_windows
+
+log = logging.getLogger(__name__)
+
+LIVE_DEFAULTS: dict[str, Any] = {
+    "horizon_s": 120.0,       # history kept (the reference comes from it)
+    "window_s": 3.0,
+    "stride_s": 1.0,
+    "skip_s": 8.0,            # start-up of the run is not a reference
+    "ref_gap_s": 6.0,         # the newest seconds are never part of the reference
+    "min_reference": 12,      # reference windows needed before anything is flagged
+    "threshold": 6.0,         # top-2 mean |deviation| of a window
+    "min_deviation": 4.0,     # a symptom channel must move this far (harmful direction)
+    "min_windows": 2,         # consecutive flagged windows for a finding
+    "gap_s": 5.0,             # normal time that ends a finding
+}
+
+
+class LiveAnalyzer:
+    """Incremental detector for one run (see module docstring)."""
+
+    def __init__(self, channels: Sequence[ChannelMeta], interval_s: float,
+                 config: dict | None = None):
+        cfg = dict(LIVE_DEFAULTS)
+        live_cfg = (config or {}).get("live") if isinstance(config, dict) else None
+        if isinstance(live_cfg, dict):
+            cfg.update({k: float(v) for k, v in live_cfg.items() if k in LIVE_DEFAULTS})
+        self.cfg = cfg
+        self.metas = list(channels)
+        self.interval_s = float(interval_s) if interval_s and interval_s > 0 else 1.0
+        cap = int((cfg["horizon_s"] + 2 * cfg["window_s"]) / self.interval_s) + 8
+        self._cap = max(cap, 64)
+        self._t = np.zeros(0)
+        self._v = np.zeros((0, len(self.metas)))
+        self._t_first: float | None = None
+        self._last_end = -np.inf          # end of the newest window already judged
+        self._flagged: dict[float, np.ndarray] = {}   # window start -> deviations
+        self._run: list[float] = []       # starts of the current run of flagged windows
+        self._active_until = -np.inf      # an emitted finding is still going on until then
+        self._active: dict | None = None
+        self._n = 0
+        self._names: list[str] | None = None
+        self._floors: np.ndarray | None = None
+
+    # -- public --------------------------------------------------------------------------
+
+    def update(self, t: np.ndarray, rows: np.ndarray) -> list[dict]:
+        """Add raw rows (counters cumulative); return NEW findings (schema anomaly dicts)."""
+        try:
+            return self._update(np.asarray(t, dtype=np.float64),
+                                np.asarray(rows, dtype=np.float64).reshape(len(t), -1))
+        except Exception as e:  # live mode must never break the agent
+            log.warning("live analysis failed: %s: %s", type(e).__name__, e)
+            return []
+
+    # -- internals -----------------------------------------------------------------------
+
+    def _update(self, t: np.ndarray, rows: np.ndarray) -> list[dict]:
+        if len(t) == 0:
+            return []
+        if rows.shape[1] != len(self.metas):
+            raise ValueError(f"rows have {rows.shape[1]} columns, expected {len(self.metas)}")
+        if self._t_first is None:
+            self._t_first = float(t[0])
+        keep = t > (self._t[-1] if len(self._t) else -np.inf)
+        self._t = np.concatenate([self._t, t[keep]])[-self._cap:]
+        self._v = np.concatenate([self._v, rows[keep]])[-self._cap:]
+        cfg = self.cfg
+        now = float(self._t[-1])
+        if now - self._t_first < cfg["skip_s"] + cfg["min_reference"] + cfg["ref_gap_s"]:
+            return []
+        X, names, units, _, _ = to_rates(self._t, self._v, self.metas, self.interval_s)
+        X, names, units = add_derived(X, names, units)
+        if self._names != names:
+            self._names, self._floors = names, channel_floors(names, units)
+            self._units = units
+            self._sym, self._dir = attr.symptom_mask(names)
+        # Windows on a grid anchored at the run's first sample, so starts are stable.
+        stride = cfg["stride_s"]
+        t0 = self._t_first + stride * np.ceil((self._t[0] - self._t_first) / stride)
+        win = sliding_windows(self._t, X, cfg["window_s"], stride, self.interval_s, t0=t0)
+        if len(win) == 0:
+            return []
+        means = win.stats["mean"].astype(np.float64)
+        ref = (win.valid & (win.start >= self._t_first + cfg["skip_s"])
+               & (win.end <= now - cfg["ref_gap_s"])
+               & ~np.isin(np.round(win.start, 3), list(self._flagged)))
+        if ref.sum() < cfg["min_reference"]:
+            return []
+        center, scale = robust_center_scale(means[ref], self._floors)
+        new = win.valid & (win.end > self._last_end + 1e-9) & (win.end <= now + 1e-9)
+        out: list[dict] = []
+        for i in np.nonzero(new)[0]:
+            self._last_end = float(win.end[i])
+            dev = np.nan_to_num((means[i] - center) / scale)
+            a = np.abs(dev)
+            top = np.sort(a)[-2:].mean() if len(a) >= 2 else float(a.max(initial=0))
+            harmful = bool(np.any(self._sym & (dev * self._dir >= cfg["min_deviation"])))
+            key = round(float(win.start[i]), 3)
+            if top >= cfg["threshold"] and harmful:
+                self._flagged[key] = dev
+                self._run.append(key)
+                self._active_until = float(win.end[i]) + cfg["gap_s"]
+                if self._active is None and len(self._run) >= cfg["min_windows"]:
+                    out.append(self._finding(win, means, center, scale, float(win.mid[i])))
+            else:
+                self._run = []
+                if self._active is not None and float(win.end[i]) > self._active_until:
+                    self._active = None
+        # forget flags that left the horizon
+        lo = float(self._t[0]) - cfg["window_s"]
+        self._flagged = {k: v for k, v in self._flagged.items() if k >= lo}
+        return out
+
+    def _finding(self, win, means, center, scale, mid_last: float) -> dict:
+        from .pipeline import hints_for
+
+        starts = self._run
+        rows = np.isin(np.round(win.start, 3), starts)
+        observed = np.nanmean(means[rows], axis=0)
+        dev = attr.deviations(observed, center, scale)
+        names, units = self._names, self._units
+        sub, scores = attr.choose_subsystem(dev, names)
+        ev = attr.evidence(dev, observed, center, names, units, prefer=sub)
+        stride = self.cfg["stride_s"]
+        start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
+        self._n += 1
+        an = {"id": f"L{self._n}", "start": start, "end": mid_last + stride / 2,
+              "node": None, "step_id": None, "subsystem": sub,
+              "score": round(float(np.mean(np.sort(np.abs(dev))[-2:])), 2), "evidence": ev,
+              "hints": [], "live": True, "detected_at": float(self._t[-1]),
+              "subsystem_scores": {k: round(v, 3) for k, v in scores.items()},
+              "symptoms": [names[i] for i in attr.symptoms(dev, names,
+                                                           self.cfg["min_deviation"])][:6]}
+        chans = {names[i]: {"baseline": attr._num(center[i]), "observed": attr._num(observed[i]),
+                            "deviation": round(float(dev[i]), 2), "unit": units[i]}
+                 for i in range(len(names))}
+        an["hints"] = hints_for(an, {"channels": chans, "meta": {}, "impact": None, "facts": {}})
+        self._active = an
+        return an
