@@ -153,8 +153,23 @@ def test_not_a_report_is_a_clear_error():
 def test_many_anomalies_build_fast():
     r = make_otel_report(1000)
     t = time.perf_counter()
-    spans = build_spans(r, make_otel_meta())
+    spans = build_spans(r, make_otel_meta(), OtelConfig(enabled=True, max_anomalies=1000))
     dt = time.perf_counter() - t
     assert len(spans) == 1 + 2 + 1000
     assert dt < 2.0, f"building 1003 spans took {dt:.2f} s"
     assert InMemorySpanExporter().export(spans) == SpanExportResult.SUCCESS
+
+
+def test_huge_reports_keep_the_highest_scores_with_stable_ids():
+    r = make_otel_report(50)
+    full = {s.attributes.get("reveal.anomaly.id"): s.context.span_id
+            for s in build_spans(r, make_otel_meta())}
+    cut = build_spans(r, make_otel_meta(), OtelConfig(enabled=True, max_anomalies=10))
+    anomalies = [s for s in cut if s.name.startswith("anomaly ")]
+    assert len(anomalies) == 10
+    kept = sorted((float(s.attributes["reveal.anomaly.score"]) for s in anomalies), reverse=True)
+    assert kept == sorted((a["score"] for a in r["anomalies"]), reverse=True)[:10]
+    assert cut[0].attributes["reveal.anomaly.count"] == 50
+    assert cut[0].attributes["reveal.anomaly.exported"] == 10
+    # a span's id depends on what it is, not on how many others were exported
+    assert all(full[s.attributes["reveal.anomaly.id"]] == s.context.span_id for s in anomalies)

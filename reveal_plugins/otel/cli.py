@@ -32,6 +32,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--header", action="append", default=[], metavar="K=V",
                    help="extra request header (repeatable)")
     e.add_argument("--timeout", type=float, metavar="S", help="request timeout in seconds")
+    e.add_argument("--max-anomalies", type=int, metavar="N",
+                   help="anomaly spans per run, highest scores first (default: [otel] "
+                        "max_anomalies, 500)")
     e.add_argument("--dry-run", action="store_true",
                    help="print the spans as JSON instead of sending them")
     sub.add_parser("config", help="print the effective export configuration")
@@ -80,7 +83,7 @@ def _span_json(s: Any) -> dict[str, Any]:
 
 def export_main(args: argparse.Namespace) -> int:
     overrides: dict[str, Any] = {"endpoint": args.endpoint, "protocol": args.protocol,
-                                 "timeout_s": args.timeout}
+                                 "timeout_s": args.timeout, "max_anomalies": args.max_anomalies}
     try:
         if args.header:
             overrides["headers"] = {k: v for h in args.header

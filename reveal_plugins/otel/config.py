@@ -58,6 +58,7 @@ class OtelConfig:
     metrics: bool = False                    # live metrics from the node agent
     metrics_interval_s: float = 10.0
     max_evidence: int = 5                    # evidence channels put on an anomaly span
+    max_anomalies: int = 500                 # anomaly spans per run (highest scores first)
     source: str = "defaults"                 # where the endpoint came from (for messages)
 
     @property
@@ -166,7 +167,7 @@ def _resource_attrs(where: str, key: str, v: Any) -> dict[str, str]:
 FILE_KEYS = {
     "enabled", "endpoint", "traces_endpoint", "metrics_endpoint", "protocol", "headers",
     "timeout_s", "budget_s", "compression", "insecure", "certificate", "service_name",
-    "resource_attributes", "metrics", "metrics_interval_s", "max_evidence",
+    "resource_attributes", "metrics", "metrics_interval_s", "max_evidence", "max_anomalies",
 }
 
 
@@ -214,8 +215,8 @@ def _apply(cfg: OtelConfig, where: str, values: Mapping[str, Any]) -> None:
             cfg.headers.update(parse_headers(w, key, v))
         elif key in ("timeout_s", "budget_s", "metrics_interval_s"):
             setattr(cfg, key, _float(w, key, v))
-        elif key == "max_evidence":
-            cfg.max_evidence = int(_float(w, key, v))
+        elif key in ("max_evidence", "max_anomalies"):
+            setattr(cfg, key, int(_float(w, key, v)))
         elif key == "compression":
             c = str(v).strip().lower()
             if c not in COMPRESSIONS:

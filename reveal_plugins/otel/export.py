@@ -25,6 +25,7 @@ from .config import OtelConfig
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "otel.json"
+BATCH_SPANS = 512          # spans per request: ~1 MiB with full anomaly attributes
 _OTLP_LOGGERS = ("opentelemetry.exporter",)
 _warned: set[str] = set()
 _warned_lock = threading.Lock()
@@ -165,7 +166,13 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         try:
             exp = exporter or make_span_exporter(cfg, timeout_s=wait)
             try:
-                box["result"] = exp.export(list(spans))
+                # a collector refuses requests over ~4 MiB: send big traces in batches
+                result = SpanExportResult.SUCCESS
+                for i in range(0, len(spans), BATCH_SPANS):
+                    result = exp.export(list(spans[i:i + BATCH_SPANS]))
+                    if result != SpanExportResult.SUCCESS:
+                        break
+                box["result"] = result
             finally:
                 if exporter is None:
                     exp.shutdown()

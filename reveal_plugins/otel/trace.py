@@ -41,6 +41,7 @@ class RunIdGenerator(IdGenerator):
         self._trace_key = trace_key
         self._span_key = span_key
         self._n = 0
+        self.next_key: str | None = None   # set before each start_span: ids by span identity
 
     @staticmethod
     def _digest(text: str, size: int) -> int:
@@ -51,8 +52,11 @@ class RunIdGenerator(IdGenerator):
         return self._digest("trace|" + self._trace_key, 16)
 
     def generate_span_id(self) -> int:
-        self._n += 1
-        return self._digest(f"span|{self._trace_key}|{self._span_key}|{self._n}", 8)
+        key, self.next_key = self.next_key, None
+        if key is None:
+            self._n += 1
+            key = f"#{self._n}"
+        return self._digest(f"span|{self._trace_key}|{self._span_key}|{key}", 8)
 
 
 def _meta_run(meta: dict[str, Any] | None) -> dict[str, Any]:
@@ -94,7 +98,7 @@ def trace_keys(report: dict[str, Any], meta: dict[str, Any] | None) -> tuple[str
     job_id = run.get("job_id") or _meta_run(meta).get("job_id")
     if job_id:
         return f"{source}|{cluster_name(report, meta) or ''}|{job_id}", host
-    run_id = _meta_run(meta).get("run_id") or ""
+    run_id = run.get("run_id") or _meta_run(meta).get("run_id") or ""
     return f"{source}|{run_id}|{host}|{float(run.get('start', 0)):.6f}", host
 
 
@@ -167,7 +171,7 @@ def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict
     a: dict[str, Any] = {}
     source = run.get("source", "local")
     _put(a, "reveal.source", source)
-    _put(a, "reveal.run.id", _meta_run(meta).get("run_id"))
+    _put(a, "reveal.run.id", run.get("run_id") or _meta_run(meta).get("run_id"))
     _put(a, "reveal.job.id", run.get("job_id"))
     if source == "slurm":
         _put(a, "slurm.job.id", run.get("job_id"))
@@ -197,6 +201,14 @@ def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict
         _put(a, "reveal.anomaly.subsystems", sorted({x.get("subsystem") for x in anomalies
                                                       if x.get("subsystem")}))
     _put(a, "reveal.summary", report.get("summary"))
+    notes = report.get("notes")
+    if isinstance(notes, list):
+        _put(a, "reveal.notes", [str(n) for n in notes])
+    analysis = report.get("analysis")
+    if isinstance(analysis, dict):
+        for k in ("windows", "threshold", "channels_in", "window_s", "stride_s"):
+            if isinstance(analysis.get(k), (int, float)):
+                _put(a, f"reveal.analysis.{k}", analysis[k])
     for k in ("cluster", "partition", "account", "gpus"):
         _put(a, f"reveal.{k}", run.get(k))
     return a
@@ -265,14 +277,16 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     start, end = float(run["start"]), float(run["end"])
     memory = InMemorySpanExporter()
     tkey, skey = trace_keys(report, meta)
+    ids = RunIdGenerator(tkey, skey)
     provider = TracerProvider(resource=build_resource(report, meta, cfg),
-                              id_generator=RunIdGenerator(tkey, skey),
+                              id_generator=ids,
                               span_limits=SpanLimits(max_events=1000, max_attributes=256),
                               shutdown_on_exit=False)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     tracer = provider.get_tracer(SCOPE, __version__)
 
     source = run.get("source", "local")
+    ids.next_key = "root"
     root = tracer.start_span(ROOT_NAMES.get(source, f"{source} run"), kind=SpanKind.INTERNAL,
                              attributes=root_attributes(report, meta), start_time=_ns(start))
     root.set_status(_exit_status(run.get("exit_code")))
@@ -289,14 +303,20 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
         _put(attrs, "reveal.job.id", run.get("job_id"))
         _put(attrs, "process.exit.code", exit_codes.get(sid))
         _put(attrs, "reveal.duration_s", s_end - float(s["start"]))
+        ids.next_key = f"step|{sid}"
         sp = tracer.start_span(f"step {sid}", context=root_ctx, kind=SpanKind.INTERNAL,
                                attributes=attrs, start_time=_ns(s["start"]))
         sp.set_status(_exit_status(exit_codes.get(sid)))
         step_spans[sid] = (sp, s_end)
         step_ranges.append((sid, float(s["start"]), s_end))
 
-    for an in sorted(report.get("anomalies") or [], key=lambda x: float(x["start"])):
+    anomalies = list(report.get("anomalies") or [])
+    if len(anomalies) > cfg.max_anomalies:  # keep a job end's export within its budget
+        anomalies = sorted(anomalies, key=lambda x: -float(x.get("score", 0)))[:cfg.max_anomalies]
+        root.set_attribute("reveal.anomaly.exported", len(anomalies))
+    for n, an in enumerate(sorted(anomalies, key=lambda x: float(x["start"]))):
         sid = _step_for(an, step_ranges)
+        ids.next_key = f"anomaly|{an.get('id', n)}"
         parent = step_spans[sid][0] if sid is not None else root
         sp = tracer.start_span(f"anomaly {an.get('subsystem', 'unknown')}",
                                context=trace_api.set_span_in_context(parent),
