@@ -41,7 +41,7 @@ def test_several_anomalies_read_as_what_when_evidence_impact_and_actions(report_
     assert "job 4242" in flat and "alice@node01" in flat and "exit 0" in flat
     assert "(2 min 00 s)" in flat
     assert "python examples/train.py --model cnn --seconds 120" in flat
-    assert "perf: hardware counters not supported in this VM" in flat
+    assert "not read: perf (hardware counters not supported in this VM)" in flat
     # utilization bars from the telemetry: CPU busy 45 % at rest, ~99 % for 30 s of 120 s
     cpu = next(ln for ln in out.splitlines() if " CPU " in ln and "mean" in ln)
     mean = float(re.search(r"(\d+) % mean", cpu).group(1))

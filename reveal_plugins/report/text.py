@@ -100,9 +100,12 @@ def _header(rep: dict, s: Style) -> list[str]:
         tline += f" · {len(probes) - len(missing)}/{len(probes)} probes"
     out.append(f"  {'telemetry':<10}{tline}")
     if missing:
-        why = "; ".join(f"{p['name']}: {p.get('reason') or 'unavailable'}" for p in missing[:4])
-        more = f" (+{len(missing) - 4} more)" if len(missing) > 4 else ""
-        out.append(s(f"  {'':<10}not read: {why}{more}", "dim"))
+        names = ", ".join(p["name"] for p in missing)
+        if len(missing) == 1:
+            names += f" ({missing[0].get('reason') or 'unavailable'})"
+        else:
+            names += " (why: reveal report --format json, or the HTML page)"
+        out.append(s(f"  {'':<10}not read: {names}", "dim"))
     return out
 
 
