@@ -147,7 +147,7 @@ def test_build_spank_compiles_plugin(tmp_path):
     data = open(out, "rb").read()
     assert data[:4] == b"\x7fELF"
     for sym in (b"slurm_spank_init", b"slurm_spank_init_post_opt", b"slurm_spank_exit",
-                b"slurm_spank_task_exit", b"spank_options", b"plugin_version"):
+                b"slurm_spank_task_exit", b"spank_option_register", b"plugin_version"):
         assert sym in data
     assert plugstack_line("/x.so") == "optional /x.so"
 

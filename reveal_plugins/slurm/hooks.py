@@ -359,6 +359,19 @@ def task_hook(event: str, cfg: SlurmConfig, env: dict[str, str], deadline: float
         raise RuntimeError(f"agent refused {event} of job {job}: {reply.get('error')}")
 
 
+def _log_to_hook_log(hook: str, job: str) -> None:
+    """Route warnings of the analysis and sinks (Python logging) into the hook log."""
+    import logging
+
+    class Handler(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            log(hook, record.levelname, f"{record.name}: {record.getMessage()}", job)
+
+    root = logging.getLogger()
+    root.addHandler(Handler(logging.WARNING))
+    root.setLevel(logging.WARNING)
+
+
 def analyze_job(run_dir: str) -> int:
     """The detached analysis after the Epilog: bounded by ``analysis_timeout_s``; logs, exit 0."""
     job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
@@ -371,6 +384,7 @@ def analyze_job(run_dir: str) -> int:
         os.nice(cfg.analysis_nice)
     except OSError:
         pass
+    _log_to_hook_log("analysis", job)
     t0 = time.monotonic()
     timeout = cfg.analysis_timeout_s
 

@@ -77,12 +77,13 @@ static int reveal_opt_cb(int val, const char *optarg, int remote)
 	return 0;
 }
 
-struct spank_option spank_options[] = {
-	{"reveal", "[off|on|live]",
-	 "Reveal hardware telemetry of this job/step: on (default), off (not recorded), "
-	 "live (also detect anomalies while it runs).",
-	 2, 0, reveal_opt_cb},
-	SPANK_OPTIONS_TABLE_END
+/* Registered from slurm_spank_init: the static spank_options[] table is not seen by sbatch
+ * and salloc (allocator context) in Slurm 22.05, spank_option_register() is. */
+static struct spank_option reveal_option = {
+	"reveal", "[off|on|live]",
+	"Reveal hardware telemetry of this job/step: on (default), off (not recorded), "
+	"live (also detect anomalies while it runs).",
+	2, 0, reveal_opt_cb
 };
 
 static int parse_args(int ac, char **av)
@@ -237,8 +238,10 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 
 	if (parse_args(ac, av) < 0)
 		return ctx == S_CTX_REMOTE ? 0 : -1;
-	(void) sp;
-	/* spank_options[] registers --reveal in local/allocator/remote context. */
+	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
+		if (spank_option_register(sp, &reveal_option) != ESPANK_SUCCESS)
+			slurm_error("reveal: cannot register the --reveal option");
+	}
 	return 0;
 }
 
