@@ -114,7 +114,7 @@ def split_args(argv: list[str], table: dict[str, bool] | None = None
                                  f"{', '.join(REVEAL_OPTIONS)})")
             if REVEAL_OPTIONS[name]:
                 if not eq:
-                    if i + 1 >= len(argv):
+                    if i + 1 >= len(argv) or argv[i + 1].startswith("--"):
                         raise UsageError(f"{name} needs a value")
                     i += 1
                     val = argv[i]
