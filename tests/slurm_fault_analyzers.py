@@ -1,0 +1,11 @@
+"""Analyzers that fail on purpose, for the Slurm fault tests (``analyzer = "tests.slurm_fault_
+analyzers:boom"`` in the hook configuration; imported by the detached analysis process)."""
+import time
+
+
+def boom(run_dir, config):
+    raise RuntimeError(f"injected analysis failure for {run_dir}")
+
+
+def slow(run_dir, config):
+    time.sleep(60)
