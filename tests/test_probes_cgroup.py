@@ -263,3 +263,22 @@ def test_bad_input_gives_reason():
     p = CgroupProbe(pids=[dead.pid])
     p.open()
     assert not p.available and "exited" in p.reason
+
+
+def test_tree_leaves_out_the_sampling_process():
+    """``reveal record`` starts its agent as a child of the run's root PID: the agent's own CPU
+    must not be charged to the run."""
+    import reveal_plugins
+    code = ("import os, json\n"
+            "from reveal_plugins.telemetry.cgroup import CgroupProbe\n"
+            "p = CgroupProbe(pids=[os.getppid()]); p.open()\n"
+            "v = dict(zip([c.name for c in p.channels], p.sample()))\n"
+            "print(json.dumps([p.mode, v['system.run.nprocs']]))\n")
+    if _own("cpu") not in (None, "/"):
+        pytest.skip("this test expects the test runner in the root CPU cgroup")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(reveal_plugins.__file__)))
+    r = subprocess.run(["bash", "-c", f"{sys.executable} -c \"$CODE\"; true"],
+                       env=dict(env, CODE=code), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    import json
+    assert json.loads(r.stdout) == ["process-tree", 1.0]  # bash only, not the prober

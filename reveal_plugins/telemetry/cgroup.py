@@ -374,9 +374,10 @@ class _ProcessTree:
     def rescan(self) -> None:
         seen: list[int] = []
         todo = [p for p in self.roots if os.path.exists(f"{self.proc}/{p}")]
+        me = os.getpid()  # the agent itself may be a child of the run's root (reveal record)
         while todo and len(seen) < self.max_procs:
             p = todo.pop()
-            if p in seen:
+            if p in seen or (p == me and p not in self.roots):
                 continue
             seen.append(p)
             todo.extend(self._children(p))
