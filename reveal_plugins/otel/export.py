@@ -94,6 +94,7 @@ class _Capture(logging.Handler):
 _capture_lock = threading.Lock()
 _capture = _Capture()
 _saved: dict[str, bool] = {}
+_removed_filters: list[tuple[logging.Logger, list[logging.Filter]]] = []
 
 
 def _capture_on() -> None:
@@ -105,6 +106,15 @@ def _capture_on() -> None:
                 _saved[name] = lg.propagate
                 lg.addHandler(_capture)
                 lg.propagate = False
+            # The SDK drops a repeated message within 20 s (DuplicateFilter); we need each
+            # export's own reason, and we do the rate limiting ourselves (warn_once).
+            for name, lg in list(logging.root.manager.loggerDict.items()):
+                if name.startswith(_OTLP_LOGGERS) and isinstance(lg, logging.Logger):
+                    dups = [f for f in lg.filters if type(f).__name__ == "DuplicateFilter"]
+                    for f in dups:
+                        lg.removeFilter(f)
+                    if dups:
+                        _removed_filters.append((lg, dups))
         _capture.by_thread[threading.get_ident()] = []
 
 
@@ -117,6 +127,10 @@ def _capture_off() -> list[str]:
                 lg = logging.getLogger(name)
                 lg.removeHandler(_capture)
                 lg.propagate = _saved.get(name, True)
+            for lg, dups in _removed_filters:
+                for f in dups:
+                    lg.addFilter(f)
+            _removed_filters.clear()
         return msgs
 
 
