@@ -23,55 +23,77 @@ DISCOUNT = {"cpu": CPU_CARRIER, "system": 0.6}
 #: Symptoms: channels whose move in the given direction means the job is being held back
 #: (pressure, stalls, loss, throttling), as opposed to mere activity (more bytes moved, more
 #: pages written).  An event needs at least one symptom to be reported as an anomaly; the
-#: others become observations.  (regex, direction +1 up / -1 down)
-SYMPTOMS: list[tuple[str, int]] = [
-    (r"^(cpu|memory|storage)\.psi\.", +1),
-    (r"^cpu\.procs_running$", +1), (r"^system\.nr_running$", +1),
-    (r"^cpu\.[^.]+\.steal_pct$", +1), (r"^cpu\.[^.]+\.iowait_pct$", +1),
-    (r"^cpu\.core\d+\.freq$", -1), (r"^cpu\..*freq", -1),
-    (r"^cpu\.run\.(usage|user)$", -1), (r"^cpu\.run\.(throttled_time|nr_throttled)$", +1),
-    (r"^storage\.procs_blocked$", +1),
-    (r"^storage\.[^.]+\.(weighted_io_ms|in_flight|read_ms|write_ms|flush_ms)$", +1),
-    (r"^memory\.(run\.)?MemAvailable$", -1), (r"^memory\.(run\.)?used_pct$", +1),
-    (r"^memory\.run\.(usage|anon)$", +1),
-    (r"^memory\.vm\.(pgmajfault|pswpin|pswpout|allocstall|pgscan_direct|pgsteal_direct|"
-     r"workingset_refault)", +1),
-    (r"^memory\.run\.(failcnt|oom|oom_kill|high)$", +1),
-    (r"^network\..*(retrans|Retrans|Timeouts|Lost|errs|drop|Drop|Errors|Overflows|"
-     r"symbol|discard)", +1),
-    (r"^network\.[^.]+\.(rx|tx)_(bytes|packets)$", -1),
-    (r"^network\.ib\..*(xmit_wait|port_xmit_discards)", +1),
-    (r"^gpu\.\d+\.throttle_(?!idle|sync_boost)", +1), (r"^gpu\.\d+\.(clock_sm|sm_clock_pct)", -1),
-    (r"^gpu\.\d+\.(temp|memory_temp)$", +1), (r"^gpu\.\d+\.(ecc_|xid|pcie_replay|remap)", +1),
-    (r"^gpu\.\d+\.util_sm$", -1), (r"^gpu\.\d+\.pcie_link_(gen|width)$", -1),
-    (r"^cpu\.(run\.)?perf\.ipc$", -1), (r"^cpu\.(run\.)?perf\.(cache_miss_pct|l3_stall_ratio)$",
-                                        +1),
+#: others become observations.  (regex, direction +1 up / -1 down, minimum absolute change in
+#: the channel's prepared unit, or -r for "down to at most (1-r) of the reference").
+SYMPTOMS: list[tuple[str, int, float]] = [
+    (r"^(cpu|memory|storage)\.psi\..*_total$", +1, 100_000.0),    # +10 % of the time stalled
+    (r"^(cpu|memory|storage)\.psi\..*_avg", +1, 10.0),
+    (r"^cpu\.procs_running$", +1, 1.5), (r"^system\.nr_running$", +1, 1.5),
+    (r"^cpu\.[^.]+\.steal_pct$", +1, 5.0), (r"^cpu\.[^.]+\.iowait_pct$", +1, 5.0),
+    (r"^cpu\..*freq", -1, -0.1),
+    (r"^cpu\.run\.(usage|user)$", -1, 0.1), (r"^cpu\.run\.throttled_time$", +1, 0.05),
+    (r"^cpu\.run\.nr_throttled$", +1, 1.0),
+    (r"^storage\.procs_blocked$", +1, 1.0),
+    (r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|flush_ms)$", +1, 200.0),
+    (r"^storage\.[^.]+\.in_flight$", +1, 1.0),
+    (r"^memory\.(run\.)?MemAvailable$", -1, 512 * 1024.0),
+    (r"^memory\.(run\.)?used_pct$", +1, 2.0),
+    (r"^memory\.run\.(usage|anon|rss)$", +1, 512 * 1048576.0),
+    (r"^memory\.vm\.(pgmajfault|pswpin|pswpout)$", +1, 20.0),
+    (r"^memory\.vm\.(allocstall|pgscan_direct|pgsteal_direct)", +1, 1.0),
+    (r"^memory\.run\.(failcnt|oom|oom_kill|high|major_faults)$", +1, 1.0),
+    (r"^network\.(tcp|tcpext)\.(RetransSegs|TCPLostRetransmit|TCPTimeouts|TCPSynRetrans|"
+     r"TCPFastRetrans|TCPSlowStartRetrans|TCPLossProbes)$", +1, 5.0),
+    (r"^network\.(?!lo\.)[^.]+\.(rx|tx)_(errs|drop|fifo|frame|carrier)$", +1, 1.0),
+    (r"^network\.(?!lo\.)[^.]+\.(rx|tx)_(bytes|packets)$", -1, -0.5),
+    (r"^network\.ib\..*(err|discard|xmit_wait|symbol|link_down)", +1, 1.0),
+    (r"^gpu\.\d+\.throttle_(?!idle|sync_boost)", +1, 0.5),
+    (r"^gpu\.\d+\.(clock_sm|sm_clock_pct_of_max)$", -1, -0.1),
+    (r"^gpu\.\d+\.(temp|memory_temp)$", +1, 5.0),
+    (r"^gpu\.\d+\.(ecc_|xid|pcie_replay|remap|retired)", +1, 0.5),
+    (r"^gpu\.\d+\.util_sm$", -1, 20.0), (r"^gpu\.\d+\.pcie_link_(gen|width)$", -1, 0.5),
+    (r"^cpu\.(run\.)?perf\.ipc$", -1, -0.15),
+    (r"^cpu\.(run\.)?perf\.(cache_miss_pct)$", +1, 5.0),
+    (r"^cpu\.(run\.)?perf\.(l3_stall_ratio)$", +1, 0.05),
 ]
 _SYMPTOM_RX = None
 
 
-def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(is_symptom, direction) per channel."""
+def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(is_symptom, direction, minimum change) per channel."""
     import re
 
     global _SYMPTOM_RX
     if _SYMPTOM_RX is None:
-        _SYMPTOM_RX = [(re.compile(p), d) for p, d in SYMPTOMS]
+        _SYMPTOM_RX = [(re.compile(p), d, m) for p, d, m in SYMPTOMS]
     is_s = np.zeros(len(names), bool)
     dirn = np.zeros(len(names))
+    mins = np.zeros(len(names))
     for i, n in enumerate(names):
-        for rx, d in _SYMPTOM_RX:
+        for rx, d, m in _SYMPTOM_RX:
             if rx.search(n):
-                is_s[i], dirn[i] = True, d
+                is_s[i], dirn[i], mins[i] = True, d, m
                 break
-    return is_s, dirn
+    return is_s, dirn, mins
 
 
-def symptoms(dev: np.ndarray, names: list[str], min_dev: float) -> list[int]:
-    """Indices of symptom channels that moved at least ``min_dev`` in their harmful direction."""
-    is_s, dirn = symptom_mask(names)
-    hit = is_s & (dev * dirn >= min_dev)
-    return [int(i) for i in np.nonzero(hit)[0]]
+def symptom_hits(dev: np.ndarray, observed: np.ndarray, center: np.ndarray,
+                 mask: tuple[np.ndarray, np.ndarray, np.ndarray], min_dev: float) -> np.ndarray:
+    """Boolean per channel: a symptom moved ``min_dev`` spreads in its harmful direction and by
+    its practical minimum (absolute, or relative when the minimum is negative)."""
+    is_s, dirn, mins = mask
+    delta = np.nan_to_num((observed - center) * dirn, nan=0.0)
+    rel = mins < 0
+    big = np.where(rel, delta >= -mins * np.abs(center), delta >= mins)
+    return is_s & (dev * dirn >= min_dev) & big
+
+
+def symptoms(dev: np.ndarray, names: list[str], min_dev: float, observed: np.ndarray,
+             center: np.ndarray) -> list[int]:
+    """Indices of symptom channels that moved, strongest first."""
+    hit = symptom_hits(dev, observed, center, symptom_mask(names), min_dev)
+    idx = np.nonzero(hit)[0]
+    return [int(i) for i in idx[np.argsort(-np.abs(dev[idx]))]]
 
 
 def reference(means: np.ndarray, rows: np.ndarray, floors: np.ndarray
@@ -87,11 +109,28 @@ def deviations(observed: np.ndarray, center: np.ndarray, scale: np.ndarray) -> n
     return np.where(np.isfinite(d), d, 0.0)
 
 
-def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0) -> dict[str, float]:
+#: Channels whose name prefix is not the subsystem they speak for.
+_SUBSYSTEM_OF = (("memory.vm.pgpgin", "storage"), ("memory.vm.pgpgout", "storage"),
+                 ("cpu.all.iowait", "storage"), ("storage.run.", "storage"),
+                 ("system.ctxt", "cpu"), ("system.intr", "system"), ("system.nr_running", "cpu"))
+#: Weight of a channel that moved without being a harmful symptom (activity).
+ACTIVITY_WEIGHT = 0.6
+
+
+def subsystem_of(name: str) -> str:
+    for prefix, sub in _SUBSYSTEM_OF:
+        if name.startswith(prefix):
+            return sub
+    return name.split(".", 1)[0]
+
+
+def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
+                     hits: np.ndarray | None = None) -> dict[str, float]:
     subs: dict[str, list[float]] = {}
-    for d, n in zip(np.abs(dev), names):
+    for i, (d, n) in enumerate(zip(np.abs(dev), names)):
         if d >= min_dev:
-            subs.setdefault(n.split(".", 1)[0], []).append(float(np.log1p(d)))
+            w = 1.0 if hits is None or hits[i] else ACTIVITY_WEIGHT
+            subs.setdefault(subsystem_of(n), []).append(float(np.log1p(d)) * w)
     out = {}
     for s, vals in subs.items():
         vals.sort(reverse=True)
@@ -99,10 +138,13 @@ def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0) ->
     return out
 
 
-def choose_subsystem(dev: np.ndarray, names: list[str]) -> tuple[str, dict[str, float]]:
-    scores = subsystem_scores(dev, names)
+def choose_subsystem(dev: np.ndarray, names: list[str], hits: np.ndarray | None = None
+                     ) -> tuple[str, dict[str, float]]:
+    """Subsystem with the strongest evidence; ``hits`` (symptom channels that fired) weigh
+    fully, other channels that moved count as activity (``ACTIVITY_WEIGHT``)."""
+    scores = subsystem_scores(dev, names, hits=hits)
     if not scores:
-        scores = subsystem_scores(dev, names, min_dev=0.0)
+        scores = subsystem_scores(dev, names, min_dev=0.0, hits=hits)
     if not scores:
         return "system", {}
     best = max(scores, key=scores.get)
@@ -123,10 +165,10 @@ def evidence(dev: np.ndarray, observed: np.ndarray, center: np.ndarray, names: l
         out.append({"channel": names[i], "deviation": round(float(dev[i]), 2),
                     "baseline": _num(center[i]), "observed": _num(observed[i]),
                     "unit": units[i]})
-    if prefer and out and not any(e["channel"].startswith(prefer + ".") for e in out[:3]):
+    if prefer and out and not any(subsystem_of(e["channel"]) == prefer for e in out[:3]):
         # Put the chosen subsystem's strongest channel first so the summary reads naturally.
         for i in order:
-            if names[i].startswith(prefer + "."):
+            if subsystem_of(names[i]) == prefer:
                 e = {"channel": names[i], "deviation": round(float(dev[i]), 2),
                      "baseline": _num(center[i]), "observed": _num(observed[i]),
                      "unit": units[i]}

@@ -11,6 +11,7 @@ been back to normal for ``gap_s``.  Cost per call: one pass over the horizon (de
 from __future__ import annotations
 
 import logging
+import warnings
 from typing import Any, Sequence
 
 import numpy as np
@@ -95,7 +96,7 @@ class LiveAnalyzer:
         if self._names != names:
             self._names, self._floors = names, channel_floors(names, units)
             self._units = units
-            self._sym, self._dir = attr.symptom_mask(names)
+            self._mask = attr.symptom_mask(names)
         # Windows on a grid anchored at the run's first sample, so starts are stable.
         stride = cfg["stride_s"]
         t0 = self._t_first + stride * np.ceil((self._t[0] - self._t_first) / stride)
@@ -116,7 +117,8 @@ class LiveAnalyzer:
             dev = np.nan_to_num((means[i] - center) / scale)
             a = np.abs(dev)
             top = np.sort(a)[-2:].mean() if len(a) >= 2 else float(a.max(initial=0))
-            harmful = bool(np.any(self._sym & (dev * self._dir >= cfg["min_deviation"])))
+            harmful = bool(np.any(attr.symptom_hits(dev, means[i], center, self._mask,
+                                                    cfg["min_deviation"])))
             key = round(float(win.start[i]), 3)
             if top >= cfg["threshold"] and harmful:
                 self._flagged[key] = dev
@@ -138,10 +140,13 @@ class LiveAnalyzer:
 
         starts = self._run
         rows = np.isin(np.round(win.start, 3), starts)
-        observed = np.nanmean(means[rows], axis=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns stay NaN
+            observed = np.nanmean(means[rows], axis=0)
         dev = attr.deviations(observed, center, scale)
         names, units = self._names, self._units
-        sub, scores = attr.choose_subsystem(dev, names)
+        hits = attr.symptom_hits(dev, observed, center, self._mask, self.cfg["min_deviation"])
+        sub, scores = attr.choose_subsystem(dev, names, hits)
         ev = attr.evidence(dev, observed, center, names, units, prefer=sub)
         stride = self.cfg["stride_s"]
         start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
@@ -151,8 +156,8 @@ class LiveAnalyzer:
               "score": round(float(np.mean(np.sort(np.abs(dev))[-2:])), 2), "evidence": ev,
               "hints": [], "live": True, "detected_at": float(self._t[-1]),
               "subsystem_scores": {k: round(v, 3) for k, v in scores.items()},
-              "symptoms": [names[i] for i in attr.symptoms(dev, names,
-                                                           self.cfg["min_deviation"])][:6]}
+              "symptoms": [names[i] for i in attr.symptoms(
+                  dev, names, self.cfg["min_deviation"], observed, center)][:6]}
         chans = {names[i]: {"baseline": attr._num(center[i]), "observed": attr._num(observed[i]),
                             "deviation": round(float(dev[i]), 2), "unit": units[i]}
                  for i in range(len(names))}

@@ -39,6 +39,7 @@ DEFAULTS: dict[str, Any] = {
     "min_deviation": 4.0,     # an event needs a channel this far out (floored robust units)
     "baseline_threshold": 6.0,
     "max_anomalies": 50,
+    "core_quantile": 0.6,     # detectors are fitted on this central share of the windows
     "require_symptom": True,  # activity without pressure/stall/loss -> observation, not anomaly
     "min_slowdown_pct": 10.0, # ...unless iteration markers show at least this slowdown
 }
@@ -196,10 +197,17 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows)
         Z = scaler.transform(F)
         del F
+        # Fit on the core of the run: the windows nearest the centre (by feature norm).  An
+        # anomaly covering a good part of the run would otherwise be learnt as normal (a
+        # principal component, a dense region for the forest).
+        norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
+        core = fitrows & (norm <= np.quantile(norm[fitrows], cfg["core_quantile"]))
+        if core.sum() < 10:
+            core = fitrows
         normed, names = [], []
         for d in _detectors(cfg):
             try:
-                d.fit(Z[fitrows])
+                d.fit(Z[core])
                 s = np.asarray(d.score_samples(Z), dtype=np.float64)
                 normed.append(normalize(s, s[fitrows], float(getattr(d, "score_floor", 1e-6))))
                 names.append(getattr(d, "name", type(d).__name__))
@@ -228,6 +236,7 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         normal = valid & ~flag
     center, scale = attr.reference(means, normal, floors)
     spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
+    smask = attr.symptom_mask(P.names)
     anomalies: list[dict] = []
     observations: list[dict] = []
     weak = 0
@@ -252,10 +261,11 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         if np.max(np.abs(dev)) < cfg["min_deviation"]:
             weak += 1
             continue
-        symp = attr.symptoms(dev, P.names, cfg["min_deviation"])
+        hits = attr.symptom_hits(dev, observed, c_ref, smask, cfg["min_deviation"])
+        symp = [int(i) for i in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
         impact = attr.iteration_impact(events, s0, s1, spans)
         slowed = bool(impact and impact["iteration_time_pct"] >= cfg["min_slowdown_pct"])
-        sub, sub_scores = attr.choose_subsystem(dev, P.names)
+        sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
         ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub)
         if cfg["require_symptom"] and not symp and not slowed:
             observations.append({"start": s0, "end": s1, "subsystem": sub,

@@ -1,0 +1,153 @@
+"""Scoring of detections against injected intervals (recall, alarm-seconds precision, F1,
+attribution accuracy, onset latency, false events per clean hour) and the single-detector
+reference (one IsolationForest on raw samples)."""
+from __future__ import annotations
+
+import numpy as np
+
+SLACK_S = 5.0          # alarm seconds this close to an injected interval count as inside
+OVERLAP_SLACK_S = 3.0  # an event this close to an interval "overlaps" it (recall)
+
+
+def _overlap(a0, a1, b0, b1) -> float:
+    return max(0.0, min(a1, b1) - max(a0, b0))
+
+
+def score(runs: list[dict]) -> dict:
+    """``runs``: [{"name", "clean": bool, "duration_s", "injections": [{"kind", "subsystem",
+    "start", "end"}], "events": [{"start", "end", "subsystem"}], "live": [{"start",
+    "detected_at", "subsystem"}] (optional)}]."""
+    n_inj = hit = attr_ok = 0
+    alarm = alarm_in = 0.0
+    lat_end, lat_live = [], []
+    live_hit = 0
+    clean_s = clean_events = 0.0
+    false_events = 0
+    off_s = 0.0
+    per_kind: dict[str, list[int]] = {}
+    for r in runs:
+        inj = r["injections"]
+        evs = r["events"]
+        for e in evs:
+            d = max(0.0, e["end"] - e["start"])
+            alarm += d
+            inside = 0.0
+            for i in inj:
+                inside += _overlap(e["start"], e["end"], i["start"] - SLACK_S, i["end"] + SLACK_S)
+            alarm_in += min(d, inside)
+            if not any(_overlap(e["start"], e["end"], i["start"] - OVERLAP_SLACK_S,
+                                i["end"] + OVERLAP_SLACK_S) > 0 for i in inj):
+                false_events += 1
+        if r.get("clean"):
+            clean_s += r["duration_s"]
+            clean_events += len(evs)
+        off_s += max(0.0, r["duration_s"] - sum(i["end"] - i["start"] for i in inj))
+        for i in inj:
+            n_inj += 1
+            k = per_kind.setdefault(i["kind"], [0, 0, 0])
+            k[0] += 1
+            ov = [(e, _overlap(e["start"], e["end"], i["start"] - OVERLAP_SLACK_S,
+                               i["end"] + OVERLAP_SLACK_S)) for e in evs]
+            ov = [x for x in ov if x[1] > 0]
+            if ov:
+                hit += 1
+                k[1] += 1
+                best = max(ov, key=lambda x: x[1])[0]
+                if best["subsystem"] == i["subsystem"]:
+                    attr_ok += 1
+                    k[2] += 1
+                lat_end.append(min(e["start"] for e, _ in ov) - i["start"])
+            lv = [x for x in r.get("live") or []
+                  if i["start"] - OVERLAP_SLACK_S <= x["detected_at"] <= i["end"] + 10
+                  and x["start"] <= i["end"] + OVERLAP_SLACK_S]
+            if lv:
+                live_hit += 1
+                lat_live.append(min(x["detected_at"] for x in lv) - i["start"])
+    recall = hit / n_inj if n_inj else float("nan")
+    precision = alarm_in / alarm if alarm > 0 else (1.0 if hit == 0 else float("nan"))
+    f1 = (2 * precision * recall / (precision + recall)) if precision + recall > 0 else 0.0
+    return {
+        "injections": n_inj, "detected": hit, "recall": recall,
+        "alarm_s": round(alarm, 1), "alarm_s_inside": round(alarm_in, 1),
+        "precision_alarm_s": precision, "f1": f1,
+        "attribution_accuracy": attr_ok / hit if hit else float("nan"),
+        "onset_latency_s_median": float(np.median(lat_end)) if lat_end else None,
+        "onset_latency_s_max": float(np.max(lat_end)) if lat_end else None,
+        "live_detected": live_hit,
+        "live_latency_s_median": float(np.median(lat_live)) if lat_live else None,
+        "live_latency_s_max": float(np.max(lat_live)) if lat_live else None,
+        "clean_hours": clean_s / 3600.0,
+        "false_events_per_clean_hour": clean_events / (clean_s / 3600.0) if clean_s else None,
+        "false_events_total": false_events,
+        "false_events_per_unlabelled_hour": false_events / (off_s / 3600.0) if off_s else None,
+        "per_kind": {k: {"n": v[0], "detected": v[1], "attributed": v[2]}
+                     for k, v in sorted(per_kind.items())},
+    }
+
+
+def reference_iforest(run_dir: str, min_s: float = 0.5, gap_s: float = 1.0) -> list[dict]:
+    """The single-detector reference: one IsolationForest (scikit-learn defaults,
+    contamination='auto') on raw per-sample rates/gauges, flagged samples merged into events,
+    subsystem = prefix of the channel with the largest |z| over the event."""
+    from sklearn.ensemble import IsolationForest
+
+    from reveal_plugins.detect.prepare import prepare
+    from reveal_plugins.telemetry.store import load_run
+
+    data = load_run(run_dir)
+    fr = data.frame
+    P = prepare(fr.t, fr.values, fr.channels)
+    if len(P.t) < 20 or P.X.shape[1] == 0:
+        return []
+    X = P.X.astype(np.float64)
+    med = np.nanmedian(X, axis=0)
+    iqr = np.nanpercentile(X, 75, axis=0) - np.nanpercentile(X, 25, axis=0)
+    sd = np.nanstd(X, axis=0)
+    scale = np.where(iqr > 0, iqr, np.where(sd > 0, sd, 1.0))
+    Z = np.nan_to_num((X - med) / scale)
+    model = IsolationForest(random_state=0).fit(Z)
+    flag = model.predict(Z) == -1
+    events = []
+    idx = np.nonzero(flag)[0]
+    if len(idx) == 0:
+        return []
+    groups = [[idx[0], idx[0]]]
+    for i in idx[1:]:
+        if P.t[i] - P.t[groups[-1][1]] <= gap_s:
+            groups[-1][1] = i
+        else:
+            groups.append([i, i])
+    for a, b in groups:
+        s, e = float(P.t[a]), float(P.t[b]) + P.interval_s
+        if e - s < min_s:
+            continue
+        z = np.abs(Z[a:b + 1]).mean(axis=0)
+        sub = P.names[int(np.argmax(z))].split(".", 1)[0]
+        events.append({"start": s, "end": e, "subsystem": sub})
+    return events
+
+
+def fmt_table(ours: dict, ref: dict) -> str:
+    rows = [("recall", "recall"), ("precision (alarm-seconds)", "precision_alarm_s"),
+            ("F1", "f1"), ("attribution accuracy", "attribution_accuracy"),
+            ("onset latency job-end, median s", "onset_latency_s_median"),
+            ("onset latency job-end, max s", "onset_latency_s_max"),
+            ("onset latency live, median s", "live_latency_s_median"),
+            ("onset latency live, max s", "live_latency_s_max"),
+            ("false events per clean hour", "false_events_per_clean_hour"),
+            ("false events (all runs, outside injections)", "false_events_total"),
+            ("alarm seconds", "alarm_s")]
+
+    def f(v):
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
+        return str(v)
+
+    out = [f"{'metric':46s} {'reveal':>10s} {'1xIForest':>10s}"]
+    for label, k in rows:
+        out.append(f"{label:46s} {f(ours.get(k)):>10s} {f(ref.get(k)):>10s}")
+    out.append(f"{'injections detected':46s} {ours['detected']:>4d}/{ours['injections']:<5d}"
+               f" {ref['detected']:>4d}/{ref['injections']:<5d}")
+    return "\n".join(out)
