@@ -158,9 +158,11 @@ def test_two_nodes_in_two_netns_share_one_run_identity(tmp_path, netns_pair):
     port = 29400 + os.getpid() % 500
     rdzv_id = f"job{os.getpid()}"
     procs = []
-    for side, ip, veth in (("a", p.ip_a, p.veth_a), ("b", p.ip_b, p.veth_b)):
+    # is_host: torchrun cannot tell that the endpoint's address is its own inside a netns
+    for side, ip, veth, host in (("a", p.ip_a, p.veth_a, 1), ("b", p.ip_b, p.veth_b, 0)):
         args = ["--reveal-out", base, "--nnodes", "2", "--nproc-per-node", "1",
                 "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{p.ip_a}:{port}",
+                "--rdzv-conf", f"is_host={host},join_timeout=90",
                 "--rdzv-id", rdzv_id, "--local-addr", ip, TRAIN, "--steps", "30",
                 "--log-every", "0", "--instrument"]
         e = {**os.environ, "PYTHONUNBUFFERED": "1", "GLOO_SOCKET_IFNAME": veth}
