@@ -78,3 +78,32 @@ def test_reveal_record_with_hung_backend_is_delayed_by_at_most_the_budget(tmp_pa
     assert r.returncode == 0, r.stderr
     spans = otlp_http.wait_spans(1)
     assert spans[0]["trace_id"] == status["trace_id"]    # same ids as the lost export
+
+
+def test_reveal_torchrun_produces_one_trace(tmp_path, otlp_grpc):
+    pytest.importorskip("torch")
+    import pathlib
+    import sys
+    train = pathlib.Path(__file__).resolve().parent.parent / "examples" / "train.py"
+    empty = tmp_path / "reveal.toml"
+    empty.write_text("")
+    out = tmp_path / "run"
+    env = _env(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_grpc.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
+               REVEAL_CONFIG=str(empty), PYTHONUNBUFFERED="1")
+    env.pop("SLURM_JOB_ID", None)
+    p = subprocess.run([sys.executable, "-m", "reveal_plugins.torch_ext.launcher",
+                        "--reveal-out", str(out), "--reveal-interval", "0.2", "--standalone",
+                        "--nproc-per-node", "1", str(train), "--model", "mlp", "--steps", "30",
+                        "--log-every", "0"], env=env, cwd=tmp_path, capture_output=True,
+                       text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-4000:]
+    report = json.loads((out / "report.json").read_text())
+    n = 1 + len(report["run"].get("steps") or []) + len(report["anomalies"])
+    spans = otlp_grpc.wait_spans(n)
+    assert len(spans) == n and len({s["trace_id"] for s in spans}) == 1
+    root = [s for s in spans if s["parent_span_id"] is None]
+    assert len(root) == 1 and root[0]["name"] == "torchrun launch"
+    assert root[0]["resource"]["reveal.scheduler"] == "torchrun"
+    assert abs(root[0]["start"] - report["run"]["start"]) < 1e-6
+    assert abs(root[0]["end"] - report["run"]["end"]) < 1e-6
+    assert str(train) in root[0]["attributes"]["process.command_args"]

@@ -126,7 +126,9 @@ def test_backend_down_costs_at_most_the_budget_and_logs_once(otel_clean_env, run
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     msg = warnings[0].getMessage()
     assert otlp_dead_port.split("//")[1] in msg and "reveal otel export" in msg
-    assert not read_status(run_dir)["ok"]
+    st = read_status(run_dir)
+    assert not st["ok"]
+    assert "refused" in st["error"].lower() or "UNAVAILABLE" in st["error"], st["error"]
     assert os.path.isfile(os.path.join(run_dir, "report.json"))
 
 
@@ -169,6 +171,8 @@ def test_refusing_backends(otel_clean_env, run_dir, caplog):
             otel_clean_env.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", proto)
             assert _timed_sink(run_dir) < BUDGET + SLACK
             assert not read_status(run_dir)["ok"]
+            assert ("503" if proto != "grpc" else "PERMISSION_DENIED") in \
+                read_status(run_dir)["error"]
         assert http.refused >= 1 and g.refused >= 1
         assert "PERMISSION_DENIED" in read_status(run_dir)["error"]
     finally:

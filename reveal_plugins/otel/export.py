@@ -49,8 +49,33 @@ class ExportOutcome:
         return asdict(self)
 
 
-def make_span_exporter(cfg: OtelConfig, timeout_s: float | None = None) -> SpanExporter:
-    """An OTLP span exporter for ``cfg`` (nothing is sent until ``export``)."""
+def _recording_session() -> Any:
+    """A requests session that remembers why the last request failed (connection refused,
+    read timeout, HTTP status): the HTTP exporter only says 'failed'."""
+    import requests
+
+    class RecordingSession(requests.Session):
+        last_error: str | None = None
+
+        def request(self, *a: Any, **kw: Any) -> Any:  # type: ignore[override]
+            try:
+                resp = super().request(*a, **kw)
+            except requests.RequestException as e:
+                cause = e.args[0] if e.args else e
+                reason = getattr(cause, "reason", None) or cause
+                self.last_error = f"{type(e).__name__}: {reason}"[:300]
+                raise
+            if resp.status_code >= 400:
+                self.last_error = f"HTTP {resp.status_code} {resp.reason}"
+            return resp
+
+    return RecordingSession()
+
+
+def make_span_exporter(cfg: OtelConfig, timeout_s: float | None = None,
+                       session: Any = None) -> SpanExporter:
+    """An OTLP span exporter for ``cfg`` (nothing is sent until ``export``); ``session`` is the
+    requests session of the HTTP exporter."""
     timeout = float(timeout_s if timeout_s is not None else cfg.timeout_s)
     if cfg.protocol == "grpc":
         import grpc
@@ -69,7 +94,7 @@ def make_span_exporter(cfg: OtelConfig, timeout_s: float | None = None) -> SpanE
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
     return OTLPSpanExporter(endpoint=cfg.signal_endpoint("traces"),
                             certificate_file=cfg.certificate, headers=dict(cfg.headers),
-                            timeout=timeout,
+                            timeout=timeout, session=session,
                             compression=Compression.Gzip if cfg.compression == "gzip"
                             else Compression.NoCompression)
 
@@ -178,7 +203,10 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         _capture_on()
         msgs: list[str] = []
         try:
-            exp = exporter or make_span_exporter(cfg, timeout_s=wait)
+            session = _recording_session() if exporter is None and \
+                cfg.protocol != "grpc" else None
+            box["session"] = session
+            exp = exporter or make_span_exporter(cfg, timeout_s=wait, session=session)
             try:
                 # a collector refuses requests over ~4 MiB: send big traces in batches
                 result = SpanExportResult.SUCCESS
@@ -205,9 +233,12 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
     error = None
     if not ok:
         if not finished:
-            error = f"no answer within {wait:g} s"
+            last = getattr(box.get("session"), "last_error", None)
+            error = f"no answer within {wait:g} s" + (f" (last error: {last})" if last else "")
         else:
-            error = box.get("error") or _reason(box.get("messages") or [])
+            session = box.get("session")
+            error = (box.get("error") or getattr(session, "last_error", None)
+                     or _reason(box.get("messages") or []))
         warn_once(endpoint, f"OpenTelemetry export to {endpoint} ({cfg.protocol}) failed: {error}; "
                             "the report stays on disk, re-send it with `reveal otel export DIR`")
     else:
