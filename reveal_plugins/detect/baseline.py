@@ -31,7 +31,7 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
     from ..telemetry.store import load_run
     from .pipeline import _boundaries, _config, _suppressed
     from .prepare import prepare
-    from .windows import sliding_windows
+    from .windows import windows_pieces as sliding_windows
 
     cfg = _config(config)
     if not run_dirs:

@@ -314,7 +314,7 @@ def gpu_ecc_xid(anomaly: dict, context: Ctx) -> list[dict]:
     if not m:
         return []
     return [_hint(
-        "GPU memory errors / XID events",
+        "GPU memory errors (ECC) / XID events",
         f"{'; '.join(_change(n, c) for n, c in m[:3])}. Uncorrectable ECC errors and XIDs "
         "crash or silently corrupt training.",
         "`nvidia-smi -q -d ECC,PAGE_RETIREMENT`, `dmesg | grep -i xid`; drain the node "

@@ -23,7 +23,7 @@ from .features import channel_floors, feature_floors, feature_matrix, fit_scaler
 from .prepare import informative, prepare
 from .prune import prune
 from .report import empty_report, run_section, summary, telemetry_section, SCHEMA
-from .windows import sliding_windows
+from .windows import windows_pieces as sliding_windows
 
 log = logging.getLogger(__name__)
 

@@ -139,3 +139,24 @@ def sliding_windows(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_
         out["max"][:, a:b] = np.where(np.isfinite(mx), mx, np.nan)
         out["slope"][:, a:b] = np.where(N > 1, slope, np.nan)
     return Windows(ws, we, count, valid, out, window_s, stride_s)
+
+
+def windows_pieces(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_s: float = 1.0,
+                   interval_s: float | None = None, max_gap_s: float = 60.0) -> Windows:
+    """Like :func:`sliding_windows`, but a gap longer than ``max_gap_s`` (a clock jump, an
+    agent that stopped for a while) splits the series into pieces windowed separately, so an
+    hour-long (or year-long) jump costs nothing."""
+    if len(t) < 2:
+        return sliding_windows(t, X, window_s, stride_s, interval_s)
+    cut = np.nonzero(np.diff(t) > max(max_gap_s, 4 * window_s))[0] + 1
+    if len(cut) == 0:
+        return sliding_windows(t, X, window_s, stride_s, interval_s)
+    parts = [sliding_windows(t[a:b], X[a:b], window_s, stride_s, interval_s)
+             for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(t)]]))]
+    parts = [p for p in parts if len(p)] or parts[:1]
+    return Windows(np.concatenate([p.start for p in parts]),
+                   np.concatenate([p.end for p in parts]),
+                   np.concatenate([p.count for p in parts]),
+                   np.concatenate([p.valid for p in parts]),
+                   {k: np.concatenate([p.stats[k] for p in parts]) for k in STATS},
+                   parts[0].window_s, parts[0].stride_s)
