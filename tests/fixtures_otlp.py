@@ -356,3 +356,21 @@ def make_otel_meta(t0: float = 1_700_000_000.0) -> dict[str, Any]:
 @pytest.fixture
 def otel_report() -> dict[str, Any]:
     return make_otel_report()
+
+
+SLURM_OTEL_CONFIG = "reveal-otel-test.toml"
+
+
+def slurm_analyzer_with_otel(run_dir: str, cfg: dict[str, Any]) -> Any:
+    """A Slurm hook-config ``analyzer`` (``tests.fixtures_otlp:slurm_analyzer_with_otel``) for
+    end-to-end tests.  The Epilog (and the detached analysis it starts) runs without the test's
+    environment, so the OTel configuration a test wants is a file next to the hooks' own
+    configuration (``$REVEAL_SLURM_CONFIG``); then the normal analysis and sinks run."""
+    import os
+    slurm_cfg = os.environ.get("REVEAL_SLURM_CONFIG")
+    if slurm_cfg:
+        path = os.path.join(os.path.dirname(slurm_cfg), SLURM_OTEL_CONFIG)
+        if os.path.isfile(path):
+            os.environ["REVEAL_CONFIG"] = path
+    from reveal_plugins.analysis import analyze_and_publish
+    return analyze_and_publish(run_dir, cfg)

@@ -173,3 +173,14 @@ def test_huge_reports_keep_the_highest_scores_with_stable_ids():
     assert cut[0].attributes["reveal.anomaly.exported"] == 10
     # a span's id depends on what it is, not on how many others were exported
     assert all(full[s.attributes["reveal.anomaly.id"]] == s.context.span_id for s in anomalies)
+
+
+def test_root_covers_steps_that_outlive_the_telemetry():
+    """On Slurm the first step can start before the agent registered the run."""
+    r = make_otel_report()
+    r["run"]["steps"][0]["start"] = T0 - 0.5
+    r["run"]["steps"].append({"step_id": "extern", "start": T0 - 0.6, "end": T0 + 100.2})
+    root = build_spans(r, make_otel_meta())[0]
+    assert root.start_time == int((T0 - 0.6) * 1e9) and root.end_time == int((T0 + 100.2) * 1e9)
+    assert root.attributes["reveal.telemetry.start"] == T0
+    assert root.attributes["reveal.telemetry.end"] == T0 + 100

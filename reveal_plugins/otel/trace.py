@@ -275,6 +275,13 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     if not isinstance(run, dict) or "start" not in run or "end" not in run:
         raise ValueError("report has no run.start/run.end (not a reveal.report/1 document)")
     start, end = float(run["start"]), float(run["end"])
+    # The root covers its steps: on Slurm the first step can start before the agent registered
+    # the run (the Prolog runs at the first step), and the extern step ends after the run.
+    tel_start, tel_end = start, end
+    for s in run.get("steps") or []:
+        start = min(start, float(s["start"]))
+        if s.get("end") is not None:
+            end = max(end, float(s["end"]))
     memory = InMemorySpanExporter()
     tkey, skey = trace_keys(report, meta)
     ids = RunIdGenerator(tkey, skey)
@@ -290,6 +297,8 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     root = tracer.start_span(ROOT_NAMES.get(source, f"{source} run"), kind=SpanKind.INTERNAL,
                              attributes=root_attributes(report, meta), start_time=_ns(start))
     root.set_status(_exit_status(run.get("exit_code")))
+    root.set_attribute("reveal.telemetry.start", tel_start)
+    root.set_attribute("reveal.telemetry.end", tel_end)
     root_ctx = trace_api.set_span_in_context(root)
 
     exit_codes = _step_exit_codes(report, meta)
