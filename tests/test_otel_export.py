@@ -225,3 +225,26 @@ def test_cli_dry_run_prints_the_spans(otel_clean_env, run_dir, capsys):
     assert main(["export", run_dir, "--dry-run"]) == 0
     spans = json.loads(capsys.readouterr().out)
     assert spans[0]["name"] == "slurm job" and len(spans) == 6
+
+
+def test_cli_resends_every_failed_export_under_the_spool(otel_clean_env, tmp_path,
+                                                         otlp_dead_port, otlp_http):
+    spool = tmp_path / "spool"
+    dirs = []
+    for job in ("11", "12"):
+        d = spool / "jobs" / job / "node1"
+        d.mkdir(parents=True)
+        rep = make_otel_report()
+        rep["run"]["job_id"] = job
+        (d / "report.json").write_text(json.dumps(rep))
+        dirs.append(str(d))
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_dead_port)
+    sink.reveal_report_ready(_report(dirs[0]), dirs[0], {})       # fails: backend down
+    from reveal_plugins.otel.cli import main
+    assert main(["export", "--failed", "--spool", str(spool),
+                 "--endpoint", otlp_http.endpoint]) == 0
+    spans = otlp_http.wait_spans(6)
+    assert {s["attributes"].get("slurm.job.id") for s in spans if not s["parent_span_id"]} == {"11"}
+    assert read_status(dirs[0])["ok"] and read_status(dirs[1]) is None
+    assert main(["export", "--failed", "--spool", str(spool),
+                 "--endpoint", otlp_http.endpoint]) == 0      # nothing left to re-send

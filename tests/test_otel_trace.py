@@ -184,3 +184,15 @@ def test_root_covers_steps_that_outlive_the_telemetry():
     assert root.start_time == int((T0 - 0.6) * 1e9) and root.end_time == int((T0 + 100.2) * 1e9)
     assert root.attributes["reveal.telemetry.start"] == T0
     assert root.attributes["reveal.telemetry.end"] == T0 + 100
+
+
+def test_anomaly_goes_to_the_innermost_step():
+    r = make_otel_report()
+    r["run"]["steps"][:0] = [{"step_id": "extern", "start": T0, "end": T0 + 100},
+                             {"step_id": "batch", "start": T0 + 0.5, "end": T0 + 99}]
+    spans = build_spans(r, make_otel_meta())
+    by_id = {s.context.span_id: s.name for s in spans}
+    gpu = next(s for s in spans if s.name == "anomaly gpu")
+    assert by_id[gpu.parent.span_id] == "step 0"
+    storage = next(s for s in spans if s.name == "anomaly storage")   # after step 1: in batch
+    assert by_id[storage.parent.span_id] == "step batch"

@@ -1,7 +1,8 @@
 """``reveal otel``: re-send finished runs as traces, show the effective export configuration.
 
-    reveal otel export DIR|JOBID... [--endpoint URL] [--protocol grpc|http/protobuf]
-                                    [--header K=V]... [--timeout S] [--dry-run]
+    reveal otel export [DIR|JOBID...] [--failed] [--spool DIR] [--endpoint URL]
+                       [--protocol grpc|http/protobuf] [--header K=V]... [--timeout S]
+                       [--max-anomalies N] [--dry-run]
     reveal otel config
 
 ``export`` is for after a backend outage: it reads ``report.json`` and ``meta.json`` of each run
@@ -24,8 +25,12 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reveal otel", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="(re-)send finished runs as OpenTelemetry traces")
-    e.add_argument("targets", nargs="+", metavar="DIR|JOBID",
+    e.add_argument("targets", nargs="*", metavar="DIR|JOBID",
                    help="run directory (holding report.json) or Slurm job id")
+    e.add_argument("--failed", action="store_true",
+                   help="also every run under the spool whose last export failed (otel.json)")
+    e.add_argument("--spool", metavar="DIR", help="spool for job ids and --failed "
+                                                  "(default $REVEAL_SPOOL or /var/spool/reveal)")
     e.add_argument("--endpoint", help="OTLP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or "
                                       "[otel] endpoint of the config file)")
     e.add_argument("--protocol", choices=("http/protobuf", "grpc"))
@@ -41,12 +46,28 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run_dirs(target: str) -> list[str]:
+def _failed_runs(spool: str | None) -> list[str]:
+    """Run directories under ``<spool>/jobs/*/*`` whose ``otel.json`` says the export failed."""
+    from ..spool import spool_root
+    from .export import read_status
+    root = os.path.join(spool or spool_root(), "jobs")
+    out = []
+    for job in sorted(os.listdir(root)) if os.path.isdir(root) else []:
+        jd = os.path.join(root, job)
+        for host in sorted(os.listdir(jd)) if os.path.isdir(jd) else []:
+            d = os.path.join(jd, host)
+            st = read_status(d)
+            if st is not None and not st.get("ok"):
+                out.append(d)
+    return out
+
+
+def _run_dirs(target: str, spool: str | None = None) -> list[str]:
     if os.path.isdir(target):
         return [target]
     from ..spool import JOB_ID_RE, job_run_dirs
     if JOB_ID_RE.match(target):
-        dirs = job_run_dirs(target)
+        dirs = job_run_dirs(target, spool)
         if not dirs:
             raise FileNotFoundError(f"job {target}: no run directory under the spool "
                                     f"(REVEAL_SPOOL or /var/spool/reveal)")
@@ -99,7 +120,16 @@ def export_main(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        dirs = [d for t in args.targets for d in _run_dirs(t)]
+        if not args.targets and not args.failed:
+            print("reveal otel export: name run directories or job ids, or pass --failed",
+                  file=sys.stderr)
+            return 2
+        dirs = [d for t in args.targets for d in _run_dirs(t, args.spool)]
+        if args.failed:
+            dirs += [d for d in _failed_runs(args.spool) if d not in dirs]
+            if not dirs:
+                print("reveal otel export: no failed exports to re-send")
+                return 0
         reports = [(d, _load_report(d)) for d in dirs]
     except (OSError, ValueError) as e:
         print(f"reveal otel export: {e}", file=sys.stderr)

@@ -257,10 +257,9 @@ def _step_for(an: dict[str, Any], steps: Iterable[tuple[str, float, float]]) -> 
     if sid is not None and any(s[0] == str(sid) for s in steps):
         return str(sid)
     t = float(an["start"])
-    for s, b, e in steps:
-        if b <= t <= e:
-            return s
-    return None
+    # innermost step: on Slurm the extern and batch steps span the numbered ones
+    holding = [(e - b, s) for s, b, e in steps if b <= t <= e]
+    return min(holding)[1] if holding else None
 
 
 def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
