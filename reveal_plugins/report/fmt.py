@@ -193,3 +193,40 @@ def command_text(cmd: Any) -> str:
         import shlex
         cmd = " ".join(shlex.quote(str(c)) for c in cmd)
     return " ".join(str(cmd).split())  # one line, even for `python -c '...multi-line...'`
+
+
+def one_line_summary(report: dict) -> str | None:
+    """The report's ``summary`` when it is one line.  The pipeline's summary is its own
+    multi-line screen (shown when no renderer is installed) and repeats what the renderers
+    show, so it is left out then."""
+    summ = (report.get("summary") or "").strip()
+    if summ and "\n" not in summ and not summ.startswith("Reveal:"):
+        return summ
+    return None
+
+
+def checked_text(report: dict) -> str | None:
+    """How much the analysis looked at, so that "no anomalies" can be trusted."""
+    an = report.get("analysis") or {}
+    if not an.get("windows"):
+        return None
+    what = f"checked {an['windows']} windows of {duration(an.get('window_s'))}"
+    if an.get("channels_analysed") is not None:
+        what += (f" over {an['channels_analysed']} of {an.get('channels_in', '?')} channels"
+                 " (the others were constant or empty)")
+    if an.get("detectors"):
+        what += f" with {', '.join(an['detectors'])}"
+    if an.get("baseline"):
+        what += " and a baseline of earlier healthy runs"
+    return what
+
+
+def node_labels(reports: list[tuple[dict, str | None]]) -> list[str]:
+    """One label per node section: the host name, or the run directory's name when several
+    sections share a host (two network namespaces on one machine)."""
+    import os
+    hosts = [(r["run"].get("nodes") or ["?"])[0] for r, _ in reports]
+    if len(set(hosts)) == len(hosts):
+        return hosts
+    return [os.path.basename(os.path.normpath(d)) if d else h for h, (_, d) in
+            zip(hosts, reports)]

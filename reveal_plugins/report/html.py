@@ -387,19 +387,25 @@ def _verdict(rep: dict, view: RunView | None) -> str:
                 "there is nothing to compare.</p>")
     if rep.get("analysed") is False:
         return f"<p class='verdict none'><b>{esc(rep.get('summary'))}</b></p>"
+    extra = " ".join(esc(x) + "." for x in (fmt.one_line_summary(rep),) if x)
+    checked = fmt.checked_text(rep)
+    notes = "".join(f"<br><span class='muted small'>note: {esc(n)}</span>"
+                    for n in (rep.get("notes") or [])[:3])
+    checked_html = (f"<br><span class='muted small'>{esc(checked[0].upper() + checked[1:])}."
+                    "</span>" if checked else "") + notes
     if not anomalies:
         return ("<p class='verdict ok'><b>✓ No anomalies.</b> The hardware and OS signals "
-                f"stayed within what this run showed as normal. {esc(rep.get('summary'))}</p>")
+                f"stayed within what this run showed as normal. {extra}{checked_html}</p>")
     return (f"<p class='verdict bad'><b>{len(anomalies)} anomal"
-            f"{'y' if len(anomalies) == 1 else 'ies'}.</b> {esc(rep.get('summary'))}</p>")
+            f"{'y' if len(anomalies) == 1 else 'ies'}.</b> {extra}{checked_html}</p>")
 
 
 def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
-             heading: bool) -> str:
+             heading: bool, label: str | None = None) -> str:
     ev = [e["channel"] for a in rep.get("anomalies") or [] for e in a.get("evidence") or []]
     progress.update("loading telemetry")
     view = load_view(run_dir, ev)
-    node = host_of(view.meta) if view else (rep["run"].get("nodes") or ["?"])[0]
+    node = label or (host_of(view.meta) if view else (rep["run"].get("nodes") or ["?"])[0])
     parts = [f"<section class=node id='node-{esc(node)}'>"]
     if heading:
         parts.append(f"<h2>{esc(node)}</h2>")
@@ -438,7 +444,7 @@ def _title(reports: list[tuple[dict, str | None]], job_id: str | None) -> str:
     run = rep["run"]
     who = f"job {job_id or run.get('job_id')}" if (job_id or run.get("job_id")) else \
         (fmt.command_text(run.get("command"))[:60] or "run")
-    nodes = [n for r, _ in reports for n in r["run"].get("nodes") or []]
+    nodes = fmt.node_labels(reports)
     return f"Reveal report — {who} on {', '.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}"
 
 
@@ -449,13 +455,14 @@ def render_job_html(reports: list[tuple[dict, str | None]], job_id: str | None =
     title = _title(reports, job_id)
     body = [f"<h1>{esc(title)}</h1>"]
     multi = len(reports) > 1
+    labels = fmt.node_labels(reports)
     if multi:
         found = sum(len(r.get("anomalies") or []) for r, _ in reports)
-        links = " ".join(f"<a href='#node-{esc(r['run']['nodes'][0])}'>"
-                         f"{esc(r['run']['nodes'][0])}</a>" for r, _ in reports)
-        body.append(f"<p>{len(reports)} nodes, {found} anomalies in all. <nav>{links}</nav></p>")
-    for i, (rep, d) in enumerate(reports):
-        body.append(_section(rep, d, i, progress, heading=multi))
+        links = " ".join(f"<a href='#node-{esc(n)}'>{esc(n)}</a>" for n in labels)
+        body.append(f"<p>{len(reports)} nodes, {found} anomal{'y' if found == 1 else 'ies'} "
+                    f"in all. <nav>{links}</nav></p>")
+    for i, ((rep, d), label) in enumerate(zip(reports, labels)):
+        body.append(_section(rep, d, i, progress, heading=multi, label=label))
     progress.done()
     return _page(title, "\n".join(body))
 

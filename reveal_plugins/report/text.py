@@ -63,11 +63,11 @@ def _severity_style(sev: str) -> tuple[str, ...]:
     return {"critical": ("bold", "red"), "warning": ("bold", "yellow")}.get(sev, ("cyan",))
 
 
-def _header(rep: dict, s: Style) -> list[str]:
+def _header(rep: dict, s: Style, node_label: str | None = None) -> list[str]:
     run = rep["run"]
     tel = rep.get("telemetry", {})
     who = run.get("user") or "?"
-    nodes = run.get("nodes") or ["?"]
+    nodes = [node_label] if node_label else (run.get("nodes") or ["?"])
     where = nodes[0] if len(nodes) == 1 else f"{len(nodes)} nodes ({', '.join(nodes[:4])}" + (
         ", …)" if len(nodes) > 4 else ")")
     ident = []
@@ -215,36 +215,21 @@ def _hints(rep: dict, s: Style, width: int) -> list[str]:
     return out
 
 
-def _one_line_summary(report: dict) -> bool:
-    """The pipeline's ``summary`` is its own multi-line screen (shown when this renderer is
-    absent); only a one-line summary adds something here."""
-    summ = report.get("summary") or ""
-    return bool(summ) and "\n" not in summ.strip() and not summ.startswith("Reveal:")
-
-
 def _footnotes(report: dict, s: Style) -> list[str]:
-    """How much was checked (so "no anomalies" can be trusted) and the analysis notes."""
     out = []
-    an = report.get("analysis") or {}
-    if an.get("windows"):
-        what = f"checked {an['windows']} windows of {fmt.duration(an.get('window_s'))}"
-        if an.get("channels_analysed") is not None:
-            what += (f" over {an['channels_analysed']} of {an.get('channels_in', '?')} channels"
-                     " (the others were constant or empty)")
-        if an.get("detectors"):
-            what += f" with {', '.join(an['detectors'])}"
-        if an.get("baseline"):
-            what += " and a baseline of earlier healthy runs"
-        out.append(s(f"  {what}", "dim"))
-    elif not report.get("anomalies") and _one_line_summary(report):
-        out.append(s(f"  {report['summary']}", "dim"))
+    checked = fmt.checked_text(report)
+    if checked:
+        out.append(s(f"  {checked}", "dim"))
+    elif not report.get("anomalies") and fmt.one_line_summary(report):
+        out.append(s(f"  {fmt.one_line_summary(report)}", "dim"))
     for n in (report.get("notes") or [])[:3]:
         out.append(s(f"  note: {n}", "dim"))
     return out
 
 
 def render_text(report: dict, color: bool | None = None, run_dir: str | None = None,
-                view: RunView | None = None, width: int | None = None) -> str:
+                view: RunView | None = None, width: int | None = None,
+                node_label: str | None = None) -> str:
     """Render one run's report as a screenful of text.
 
     ``color``: None = only when stdout is a terminal.  ``run_dir`` (or an already loaded
@@ -256,13 +241,13 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     if view is None and run_dir is not None:
         ev_names = [e["channel"] for a in report.get("anomalies", []) for e in a.get("evidence", [])]
         view = load_view(run_dir, ev_names)
-    out = _header(report, s)
+    out = _header(report, s, node_label)
     nodes = report["run"].get("nodes") or ["?"]
     tel = report.get("telemetry", {})
     if view is not None and len(view.frame.t):
         out += ["", s("Utilization", "bold") + s(f"  (whole node, {fmt.duration(view.frame.t[-1] - view.frame.t[0])} of samples)", "dim")]
         from .load import host_of
-        out += _utilization(view, host_of(view.meta) if view.meta else nodes[0], s)
+        out += _utilization(view, node_label or host_of(view.meta), s)
     anomalies = report.get("anomalies") or []
     out.append("")
     analysed = report.get("analysed", True)
@@ -279,7 +264,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
                    "within what this run itself showed as normal.")
     else:
         out.append(s(f"Anomalies ({len(anomalies)})", "bold") + (
-            f"  {report['summary']}" if _one_line_summary(report) else ""))
+            f"  {fmt.one_line_summary(report)}" if fmt.one_line_summary(report) else ""))
         # numbered by time, so "#2" means the same anomaly in the hints and in the HTML
         shown = sorted(anomalies, key=lambda a: a["start"])
         top = {id(a) for a in sorted(shown, key=lambda a: -(a.get("score") or 0))[:MAX_ANOMALIES]}
@@ -298,10 +283,11 @@ def render_job_text(reports: list[tuple[dict, str | None]], job_id: str | None,
                     color: bool | None = None) -> str:
     """Several nodes of one job: a job line, then one section per node separated by a rule."""
     s = Style(want_color() if color is None else color)
-    sections = [render_text(rep, color=s.on, run_dir=d) for rep, d in reports]
+    nodes = fmt.node_labels(reports)
+    sections = [render_text(rep, color=s.on, run_dir=d, node_label=n)
+                for (rep, d), n in zip(reports, nodes)]
     if len(sections) <= 1:
         return "".join(sections)
-    nodes = [rep["run"]["nodes"][0] for rep, _ in reports]
     found = sum(len(rep.get("anomalies") or []) for rep, _ in reports)
     head = s(f"Job {job_id}" if job_id else "Runs", "bold") + (
         f": {len(reports)} nodes ({', '.join(nodes)}), {found} anomal"

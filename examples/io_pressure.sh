@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Scenario: storage (or memory) pressure during training.
+#
+# A real CPU training run (examples/train.py) is recorded with `reveal record`; STRESS_AT
+# seconds in, stress-ng starts writing to disk (MODE=io, the default: --hdd writers with
+# fsync'd files) or allocating and touching memory (MODE=memory: --vm workers) outside the
+# recorded job for STRESS_FOR seconds.  Reveal should report a storage anomaly (I/O pressure,
+# write throughput, time the disk was busy, tasks blocked on I/O) or a memory one (memory
+# pressure, page faults, reclaim) over that window, with hints.
+#
+#   examples/io_pressure.sh                      # ~75 s; writes ~1 GB under the run directory
+#   MODE=memory VM_BYTES=60% examples/io_pressure.sh
+#
+# Environment: OUT (run directory), MODE (io|memory), SECONDS_TOTAL (default 60), STRESS_AT
+# (default 25), STRESS_FOR (default 20), HDD_BYTES (per writer, default 512M), VM_BYTES (memory
+# mode, share of available memory across workers, default 60%: the kernel then reclaims pages;
+# keep it below ~80% on a shared machine), MODEL (default mlp), THREADS (default 1).
+# Needs: reveal (pip install -e .), torch, stress-ng (apt-get install -y stress-ng).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+MODE="${MODE:-io}"
+SECONDS_TOTAL="${SECONDS_TOTAL:-60}"
+STRESS_AT="${STRESS_AT:-25}"
+STRESS_FOR="${STRESS_FOR:-20}"
+MODEL="${MODEL:-mlp}"
+THREADS="${THREADS:-1}"
+OUT="${OUT:-reveal-runs/${MODE}-pressure-$(date +%Y%m%d-%H%M%S)}"
+
+for c in reveal stress-ng python3; do
+    command -v "$c" >/dev/null || { echo "io_pressure.sh: '$c' not found (see the header)" >&2; exit 1; }
+done
+if [[ -e "$OUT" ]]; then echo "io_pressure.sh: $OUT exists; set OUT to a new path" >&2; exit 1; fi
+case "$MODE" in
+    io)     SCRATCH="$(mktemp -d "${TMPDIR:-/var/tmp}/reveal-io.XXXXXX")"
+            STRESS=(stress-ng --hdd 2 --hdd-bytes "${HDD_BYTES:-512M}" --hdd-opts fsync
+                    --temp-path "$SCRATCH" --timeout "${STRESS_FOR}s" --quiet) ;;
+    memory) SCRATCH=""
+            STRESS=(stress-ng --vm 2 --vm-bytes "${VM_BYTES:-60%}" --vm-keep --page-in
+                    --timeout "${STRESS_FOR}s" --quiet) ;;
+    *) echo "io_pressure.sh: MODE must be io or memory, got '$MODE'" >&2; exit 2 ;;
+esac
+
+( sleep "$STRESS_AT"; exec "${STRESS[@]}" ) &
+NOISE=$!
+cleanup() { kill "$NOISE" 2>/dev/null || true; wait "$NOISE" 2>/dev/null || true
+            [[ -n "$SCRATCH" ]] && rm -rf "$SCRATCH"; }
+trap cleanup EXIT
+
+echo "== recording ${SECONDS_TOTAL}s of training; ${STRESS[*]:0:3} from +${STRESS_AT}s for ${STRESS_FOR}s"
+set +e
+reveal record --out "$OUT" -- python3 examples/train.py --model "$MODEL" --threads "$THREADS" \
+    --seconds "$SECONDS_TOTAL" --log-every 0
+rc=$?
+set -e
+reveal report "$OUT" --format html --out "$OUT/report.html"
+echo "== text summary again: reveal report $OUT   ·   plots: $OUT/report.html"
+exit "$rc"
