@@ -113,3 +113,14 @@ def test_bad_env_value_names_the_variable(tmp_path):
     with pytest.raises(OtelConfigError, match="OTEL_EXPORTER_OTLP_HEADERS.*not key=value"):
         load_config(environ={"OTEL_EXPORTER_OTLP_HEADERS": "novalue"},
                     config_file=_file(tmp_path, ""))
+
+
+def test_port_4317_without_a_protocol_means_grpc(tmp_path):
+    empty = _file(tmp_path, "")
+    assert load_config(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317"},
+                       config_file=empty).protocol == "grpc"
+    assert load_config(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4317",
+                                "OTEL_EXPORTER_OTLP_PROTOCOL": "http/protobuf"},
+                       config_file=empty).protocol == "http/protobuf"
+    assert load_config(environ={"OTEL_EXPORTER_OTLP_ENDPOINT": "http://c:4318"},
+                       config_file=empty).protocol == "http/protobuf"

@@ -18,7 +18,7 @@ import os
 import sys
 from typing import Any
 
-from .config import OtelConfigError, load_config, parse_headers
+from .config import OtelConfigError, config_file_path, load_config, parse_headers
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -167,6 +167,7 @@ def config_main() -> int:
     d = {k: v for k, v in vars(cfg).items()}
     d["headers"] = {k: "***" for k in cfg.headers}  # header values are often credentials
     d["traces_url"] = cfg.signal_endpoint("traces") if cfg.enabled else None
+    d["config_file"] = config_file_path()
     print(json.dumps(d, indent=1, sort_keys=True))
     return 0
 

@@ -265,6 +265,7 @@ def load_config(overrides: Mapping[str, Any] | None = None,
     cfg = OtelConfig(headers={}, resource_attributes={})
     path = config_file if config_file is not None else config_file_path(env)
     file_enabled = None
+    sec: dict[str, Any] = {}
     if path:
         sec = read_file_section(path)
         _apply(cfg, path, sec)
@@ -287,6 +288,16 @@ def load_config(overrides: Mapping[str, Any] | None = None,
         _apply(cfg, "overrides", {k: v for k, v in overrides.items() if v is not None})
         if overrides.get("endpoint") or overrides.get("traces_endpoint"):
             cfg.source = "command line"
+    protocol_set = bool((path and "protocol" in sec) or any(
+        env.get(v, "").strip() for v in ("OTEL_EXPORTER_OTLP_PROTOCOL",
+                                         "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"))
+        or (overrides and overrides.get("protocol")))
+    if not protocol_set:
+        # The well-known gRPC port with no protocol named: a common slip (the spec's default
+        # is http/protobuf, which a gRPC-only receiver on 4317 would refuse).
+        url = cfg.traces_endpoint or cfg.endpoint
+        if url and urllib.parse.urlsplit(url).port == DEFAULT_GRPC_PORT:
+            cfg.protocol = "grpc"
     configured = bool(cfg.endpoint or cfg.traces_endpoint)
     cfg.enabled = configured
     if file_enabled is False and not (overrides and (overrides.get("endpoint")
