@@ -300,6 +300,12 @@ def _launch_info(rest: list[str]) -> tuple[Any, int, str | None]:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        import torch.distributed.run  # noqa: F401
+    except ImportError as e:
+        print(f"{PROG}: error: torch is not importable ({e}); install it, e.g. "
+              "pip install 'reveal-plugins[torch]'", file=sys.stderr)
+        return 2
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         print("torchrun arguments:")
