@@ -132,6 +132,7 @@ class SlurmCluster:
         self._pidfiles = {n: os.path.join(base, "run", f"{n}.pid")
                           for n in ("munged", "slurmctld", "slurmd")}
         self.default_hook_config = f'spool = "{self.spool}"\n'
+        self.mode = "spank"
 
     # -- jobs ------------------------------------------------------------------------------
     def _cmd(self, argv: list[str], user: str | None) -> list[str]:
@@ -288,6 +289,7 @@ class SlurmCluster:
                             timeout=30).stdout.splitlines()[0]
         hw = " ".join(t for t in hw.split() if not t.startswith("NodeName="))
         py = sys.executable
+        from reveal_plugins.slurm.install import hook_command
         for hook in ("prolog", "epilog", "task-prolog", "task-epilog"):
             p = os.path.join(b, "hooks", hook)
             with open(p, "w") as f:
@@ -295,12 +297,14 @@ class SlurmCluster:
                         f"export REVEAL_SLURM_CONFIG={self.hook_config_path}\n"
                         f"export REVEAL_SLURM_LOG={self.hook_log}\n"
                         f"export PYTHONPATH={REPO}\n"
+                        "export REVEAL_SLURM_TIMING=1\n"
                         # Wall time as Slurm sees it (interpreter start included).
                         "t0=$(date +%s%N)\n"
-                        f"{py} -m reveal_plugins.slurm.cli {hook}\n"
+                        f"{hook_command(hook, py)}\n"
                         "rc=$?\n"
                         "t1=$(date +%s%N)\n"
-                        f'echo "{hook} $SLURM_JOB_ID $(( (t1 - t0) / 1000 )) $rc" >> '
+                        f'echo "${{REVEAL_SPANK_DETACHED:+detached-}}{hook} $SLURM_JOB_ID '
+                        f'$(( (t1 - t0) / 1000 )) $rc" >> '
                         f"{self.hook_times}\n"
                         "exit $rc\n")
             os.chmod(p, 0o755)
@@ -332,21 +336,65 @@ MailProg=/bin/true
 ReturnToService=2
 MinJobAge=3600
 PrologFlags=Alloc,Contain
-Prolog={b}/hooks/prolog
-Epilog={b}/hooks/epilog
-PrologEpilogTimeout=30
+{{hook_lines}}PrologEpilogTimeout=30
 PlugStackConfig={b}/etc/plugstack.conf
 NodeName={self.node} NodeAddr=127.0.0.1 {hw} State=UNKNOWN
 PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
-        with open(self.conf, "w") as f:
-            f.write(conf)
+        self._conf_template = conf
+        self._write_mode_files(self.mode)
         with open(os.path.join(b, "etc", "cgroup.conf"), "w") as f:
             f.write("")
-        from reveal_plugins.slurm.spank_build import build, plugstack_line
+        from reveal_plugins.slurm.spank_build import build
         build(self.spank_so)
+
+    def _write_mode_files(self, mode: str, spank_args: str | None = None) -> None:
+        """slurm.conf and plugstack.conf for a hook mode (see :meth:`hook_mode`)."""
+        b = self.base
+        # Slurm 22.05 runs the SPANK job_prolog/job_epilog only when a Prolog/Epilog is
+        # configured at all: in spank mode it is /bin/true.
+        hook_lines = (f"Prolog={b}/hooks/prolog\nEpilog={b}/hooks/epilog\n"
+                      if mode == "scripts" else "Prolog=/bin/true\nEpilog=/bin/true\n")
+        with open(self.conf, "w") as f:
+            f.write(self._conf_template.replace("{hook_lines}", hook_lines))
+        args = spank_args if spank_args is not None else f"spool={self.spool}"
+        if mode == "spank" and "hooks=" not in args:
+            args += f" hooks={b}/hooks timing={self.hook_times}"
         with open(os.path.join(b, "etc", "plugstack.conf"), "w") as f:
-            f.write(plugstack_line(self.spank_so, self.spool) + "\n")
+            f.write(f"optional {self.spank_so} {args}\n")
+        self.mode = mode
+
+    @contextlib.contextmanager
+    def hook_mode(self, mode: str):
+        """Switch how jobs reach the agent, for the duration of the block.
+
+        ``spank`` (the default, recommended): the SPANK plugin's job_prolog/job_epilog do it in
+        C and run the Python hooks detached.  ``scripts``: slurm.conf Prolog=/Epilog= run
+        ``reveal slurm prolog|epilog`` (sites without the SPANK plugin).
+        """
+        old = self.mode
+        self._write_mode_files(mode)
+        self._reconfigure()
+        try:
+            yield self
+        finally:
+            self._write_mode_files(old)
+            self._reconfigure()
+
+    @contextlib.contextmanager
+    def spank_args(self, args: str):
+        """Use ``args`` as the plugin's plugstack.conf arguments (re-read for every job)."""
+        self._write_mode_files(self.mode, args)
+        try:
+            yield
+        finally:
+            self._write_mode_files(self.mode)
+
+    def _reconfigure(self) -> None:
+        subprocess.run(["scontrol", "reconfigure"], capture_output=True, env=self.env,
+                       timeout=60, check=True)
+        _wait(lambda: self.node_state().startswith("idle"), 60, "the node after reconfigure",
+              0.2)
 
     def _start_munge(self) -> None:
         b = self.base

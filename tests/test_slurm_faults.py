@@ -1,5 +1,8 @@
 """Injected hook faults on a real Slurm: the job COMPLETES, the node stays IDLE (never drained),
-and the hook log names the cause."""
+and the hook log names the cause.  Every fault runs in both hook modes: ``spank`` (the SPANK
+plugin's job_prolog/job_epilog in C, Python detached) and ``scripts`` (slurm.conf Prolog=/
+Epilog= running ``reveal slurm prolog|epilog``)."""
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +14,19 @@ import pytest
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 JOB = "#!/bin/sh\nsrun true\n"
+
+
+@pytest.fixture(scope="module", params=["spank", "scripts"])
+def cluster(request, slurm_cluster):
+    with slurm_cluster.hook_mode(request.param):
+        yield slurm_cluster
+
+
+@contextlib.contextmanager
+def spool_at(cluster, spool):
+    """Point both the hook configuration and the SPANK plugin at ``spool``."""
+    with cluster.hook_config(f'spool = "{spool}"\n'), cluster.spank_args(f"spool={spool}"):
+        yield
 
 
 def survived(cluster, job, offset, *causes, timeout=15):
@@ -32,41 +48,41 @@ def survived(cluster, job, offset, *causes, timeout=15):
         time.sleep(0.2)
 
 
-def test_invalid_config(slurm_cluster):
-    off = slurm_cluster.log_offset()
-    with slurm_cluster.hook_config('spool = "/x"\nepilog_budget_s = = 1\n'):
-        job = slurm_cluster.run_batch(JOB)
-    log = survived(slurm_cluster, job, off, "configuration error", "invalid TOML",
-                   "line 2")
-    assert "prolog" in log and "epilog" in log
+def test_invalid_config(cluster):
+    off = cluster.log_offset()
+    # The configuration stays broken until the (possibly detached) hooks have run.
+    with cluster.hook_config('spool = "/x"\nepilog_budget_s = = 1\n'):
+        job = cluster.run_batch(JOB)
+        log = survived(cluster, job, off, "configuration error", "invalid TOML", "line 2")
+    assert "epilog" in log and (cluster.mode == "spank" or "prolog" in log)
 
 
-def test_config_with_unknown_key(slurm_cluster):
-    off = slurm_cluster.log_offset()
-    with slurm_cluster.hook_config('spool_dir = "/x"\n'):
-        job = slurm_cluster.run_batch(JOB)
-    survived(slurm_cluster, job, off, "unknown key 'spool_dir'")
+def test_config_with_unknown_key(cluster):
+    off = cluster.log_offset()
+    with cluster.hook_config('spool_dir = "/x"\n'):
+        job = cluster.run_batch(JOB)
+        survived(cluster, job, off, "unknown key 'spool_dir'")
 
 
 @pytest.mark.parametrize("kind", ["directory", "binary"])
-def test_unreadable_config(slurm_cluster, kind):
-    off = slurm_cluster.log_offset()
-    path = slurm_cluster.hook_config_path
+def test_unreadable_config(cluster, kind):
+    off = cluster.log_offset()
+    path = cluster.hook_config_path
     os.rename(path, path + ".saved")
     try:
         if kind == "directory":
             os.mkdir(path)
         else:
             open(path, "wb").write(b"\xff\xfe\x00spool")
-        job = slurm_cluster.run_batch(JOB)
+        job = cluster.run_batch(JOB)
+        survived(cluster, job, off, "configuration error",
+                 "Is a directory" if kind == "directory" else "not UTF-8")
     finally:
         if os.path.isdir(path):
             os.rmdir(path)
         elif os.path.exists(path):
             os.remove(path)
         os.rename(path + ".saved", path)
-    survived(slurm_cluster, job, off, "configuration error",
-             "Is a directory" if kind == "directory" else "not UTF-8")
 
 
 def _mount_tmpfs(path, opts):
@@ -82,78 +98,78 @@ def _umount(path):
     subprocess.run(["umount", "-l", path], capture_output=True)
 
 
-def test_unwritable_spool_read_only_fs(slurm_cluster):
-    spool = _mount_tmpfs(os.path.join(slurm_cluster.base, "ro-spool"), "ro,size=1m")
-    off = slurm_cluster.log_offset()
+def test_unwritable_spool_read_only_fs(cluster):
+    spool = _mount_tmpfs(os.path.join(cluster.base, "ro-spool"), "ro,size=1m")
+    off = cluster.log_offset()
     try:
-        with slurm_cluster.hook_config(f'spool = "{spool}"\n'):
-            job = slurm_cluster.run_batch(JOB)
-        survived(slurm_cluster, job, off, "Read-only file system")
+        with spool_at(cluster, spool):
+            job = cluster.run_batch(JOB)
+            survived(cluster, job, off, "Read-only file system")
     finally:
         _umount(spool)
 
 
-def test_unwritable_spool_not_a_directory(slurm_cluster):
-    off = slurm_cluster.log_offset()
-    with slurm_cluster.hook_config(f'spool = "{slurm_cluster.conf}/spool"\n'):
-        job = slurm_cluster.run_batch(JOB)
-    survived(slurm_cluster, job, off, "Not a directory")
+def test_unwritable_spool_not_a_directory(cluster):
+    off = cluster.log_offset()
+    with spool_at(cluster, f"{cluster.conf}/spool"):
+        job = cluster.run_batch(JOB)
+        survived(cluster, job, off, "Not a directory")
 
 
-def test_agent_killed_mid_job_then_recovers(slurm_cluster, slurm_users):
+def test_agent_killed_mid_job_then_recovers(cluster, slurm_users):
     user = slurm_users[0]
     # Make sure an agent runs and serves this job.
-    slurm_cluster.run_batch(JOB, user=user)
-    off = slurm_cluster.log_offset()
-    job_id = slurm_cluster.sbatch("#!/bin/sh\nsrun sleep 3\n", user=user).stdout.strip()
+    cluster.run_batch(JOB, user=user)
+    off = cluster.log_offset()
+    job_id = cluster.sbatch("#!/bin/sh\nsrun sleep 3\n", user=user).stdout.strip()
     deadline = time.monotonic() + 30
-    while slurm_cluster.job_state(job_id).get("JobState") != "RUNNING":
+    while cluster.job_state(job_id).get("JobState") != "RUNNING":
         assert time.monotonic() < deadline, "job never started"
         time.sleep(0.1)
     time.sleep(1.0)
-    pid = slurm_cluster.agent_pid()
+    pid = cluster.agent_pid()
     assert pid, "no agent answered"
     os.kill(pid, signal.SIGKILL)
-    job = slurm_cluster.wait(job_id)
-    survived(slurm_cluster, job, off, "the agent died or never ran for this job")
+    job = cluster.wait(job_id)
+    survived(cluster, job, off, "the agent died or never ran for this job")
     # The next job starts a fresh agent and is recorded again.
-    job2 = slurm_cluster.run_batch("#!/bin/sh\nsleep 1\nsrun true\n", user=user)
+    job2 = cluster.run_batch("#!/bin/sh\nsleep 1\nsrun true\n", user=user)
     assert job2.state == "COMPLETED"
-    meta = json.load(open(os.path.join(slurm_cluster.run_dir(job2.job_id), "meta.json")))
+    meta = json.load(open(os.path.join(cluster.run_dir(job2.job_id), "meta.json")))
     assert "0" in {s["step_id"] for s in meta["steps"]}
-    assert slurm_cluster.agent_pid() not in (None, pid)
+    assert cluster.agent_pid() not in (None, pid)
 
 
-def test_analysis_raising(slurm_cluster):
-    off = slurm_cluster.log_offset()
-    with slurm_cluster.hook_config(f'spool = "{slurm_cluster.spool}"\n'
+def test_analysis_raising(cluster):
+    off = cluster.log_offset()
+    with cluster.hook_config(f'spool = "{cluster.spool}"\n'
                                    'analyzer = "tests.slurm_fault_analyzers:boom"\n'):
-        job = slurm_cluster.run_batch(JOB)
-        survived(slurm_cluster, job, off, "analysis failed (tests.slurm_fault_analyzers:boom)",
+        job = cluster.run_batch(JOB)
+        survived(cluster, job, off, "analysis failed (tests.slurm_fault_analyzers:boom)",
                  "RuntimeError: injected analysis failure")
 
 
-def test_analysis_slower_than_its_budget(slurm_cluster):
-    off = slurm_cluster.log_offset()
-    with slurm_cluster.hook_config(f'spool = "{slurm_cluster.spool}"\n'
+def test_analysis_slower_than_its_budget(cluster):
+    off = cluster.log_offset()
+    with cluster.hook_config(f'spool = "{cluster.spool}"\n'
                                    'analyzer = "tests.slurm_fault_analyzers:slow"\n'
                                    'analysis_timeout_s = 1\n'):
         t0 = time.monotonic()
-        job = slurm_cluster.run_batch(JOB)
+        job = cluster.run_batch(JOB)
         assert time.monotonic() - t0 < 20  # the job is not held up by the analysis
-        survived(slurm_cluster, job, off, "analysis exceeded analysis_timeout_s=1")
-    times = slurm_cluster.hook_wall_times("epilog")
+        survived(cluster, job, off, "analysis exceeded analysis_timeout_s=1")
+    times = cluster.hook_wall_times("epilog")
     assert times[job.job_id] < 1.5
 
 
-def test_disk_full_spool(slurm_cluster, slurm_users):
-    spool = _mount_tmpfs(os.path.join(slurm_cluster.base, "full-spool"), "size=2m,mode=0755")
-    off = slurm_cluster.log_offset()
+def test_disk_full_spool(cluster, slurm_users):
+    spool = _mount_tmpfs(os.path.join(cluster.base, "full-spool"), "size=2m,mode=0755")
+    off = cluster.log_offset()
     try:
-        with slurm_cluster.hook_config(f'spool = "{spool}"\n'):
-            job_id = slurm_cluster.sbatch("#!/bin/sh\nsrun sleep 4\n",
+        with spool_at(cluster, spool):
+            job_id = cluster.sbatch("#!/bin/sh\nsrun sleep 4\n",
                                           user=slurm_users[0]).stdout.strip()
-            meta = os.path.join(slurm_cluster.run_dir(job_id, spool), "meta.json")
+            meta = os.path.join(cluster.run_dir(job_id, spool), "meta.json")
             deadline = time.monotonic() + 30
             while not os.path.exists(meta):
                 assert time.monotonic() < deadline, "the job was never registered"
@@ -166,9 +182,9 @@ def test_disk_full_spool(slurm_cluster, slurm_users):
                         f.flush()
                 except OSError:
                     pass
-            job = slurm_cluster.wait(job_id)
-            log = survived(slurm_cluster, job, off, "No space left on device", timeout=30)
+            job = cluster.wait(job_id)
+            log = survived(cluster, job, off, "No space left on device", timeout=30)
         assert "analysis" in log
     finally:
-        slurm_cluster.stop_agent(spool)
+        cluster.stop_agent(spool)
         _umount(spool)

@@ -1,4 +1,4 @@
-"""``reveal slurm {prolog,epilog,task-prolog,task-epilog,build-spank,job-info}``.
+"""``reveal slurm {prolog,epilog,task-prolog,task-epilog,build-spank,install-hooks,job-info}``.
 
 The hook subcommands are what slurm.conf points at (through a one-line wrapper script, see
 docs/slurm.md); they always exit 0 -- a failing Prolog/Epilog would drain the node.
@@ -14,6 +14,7 @@ USAGE = """usage: reveal slurm <command>
   task-prolog   TaskProlog (job user, per task): step start (alternative to the SPANK plugin)
   task-epilog   TaskEpilog (job user, per task): step end
   build-spank   compile the SPANK plugin (--reveal option, per-step events)
+  install-hooks write the wrapper scripts slurm.conf's Prolog/Epilog/... point at
   job-info ID   print a job's metadata as JSON (pyslurm, squeue --json or scontrol)
 """
 HOOKS = ("prolog", "epilog", "task-prolog", "task-epilog")
@@ -28,12 +29,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in HOOKS:
         from .hooks import dispatch
         return dispatch(cmd)
-    if cmd == "_analyze" and len(rest) == 1:
+    if cmd == "_analyze" and rest:
         from .hooks import analyze_job
-        return analyze_job(rest[0])
+        return analyze_job(rest[-1], wait_closed="--wait-closed" in rest)
     if cmd == "build-spank":
         from .spank_build import main as build_main
         return build_main(rest)
+    if cmd == "install-hooks":
+        from .install import main as install_main
+        return install_main(rest)
     if cmd == "job-info" and len(rest) == 1:
         import json
         from .jobinfo import JobInfoError, job_info

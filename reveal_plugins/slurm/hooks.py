@@ -35,7 +35,11 @@ class BudgetExceeded(Exception):
 
 
 class AgentUnreachable(OSError):
-    pass
+    """Nobody listens on the agent socket."""
+
+
+class AgentBusy(AgentUnreachable):
+    """The request went out but the agent did not answer in time (it acts on it later)."""
 
 
 # -- logging -----------------------------------------------------------------------------------
@@ -106,9 +110,9 @@ def run_hook(name: str, budget_s: float, fn: Callable[[], None]) -> int:
         done.set()
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
-    dt = time.monotonic() - t0
     if os.environ.get("REVEAL_SLURM_TIMING"):
-        log(name, "INFO", f"wall {dt * 1000:.1f} ms")
+        log(name, "INFO", f"done {process_age() * 1000:.0f} ms after process start "
+                          f"(hook body {(time.monotonic() - t0) * 1000:.1f} ms)")
     return 0
 
 
@@ -131,8 +135,8 @@ def agent_request(sock_path: str, req: dict[str, Any], timeout: float) -> dict[s
                 break
             buf += chunk
     except socket.timeout:
-        raise AgentUnreachable(0, f"agent socket {sock_path}: no reply within {timeout:.2f} s") \
-            from None
+        raise AgentBusy(0, f"agent socket {sock_path}: no reply within {timeout:.2f} s (the "
+                        "request was sent)") from None
     finally:
         s.close()
     try:
@@ -191,6 +195,9 @@ def start_agent_detached(spool: str, interval_s: float) -> int | None:
         except OSError:
             logf = subprocess.DEVNULL
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        from .install import package_parent
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
         try:
             p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.telemetry.agent",
                                   "--spool", spool, "--interval", repr(float(interval_s))],
@@ -286,9 +293,14 @@ def prolog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     req = {"op": "register", "run": run}
     try:
         reply = agent_request(sock, req, _remaining(deadline) * 0.8)
+    except AgentBusy as e:
+        log("prolog", "WARNING", f"{e}; the agent registers the job when it gets to it",
+            run["job_id"])
+        return
     except AgentUnreachable as e:
         pid = start_agent_detached(spool, cfg.interval_s)
-        path = queue_pending(spool, req)
+        path = "by the SPANK plugin" if env.get("REVEAL_SPANK_QUEUED") else \
+            queue_pending(spool, req)
         log("prolog", "WARNING", f"{e}; " + (f"started an agent (pid {pid})" if pid else
                                              "an agent is starting") +
             f" and queued the registration ({path})", run["job_id"])
@@ -307,14 +319,27 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     ec = env.get("SLURM_JOB_EXIT_CODE2", "")
     exit_code = int(ec.split(":")[0]) if ec.split(":")[0].isdigit() else None
     req = {"op": "unregister", "run_id": f"slurm-{job}", "exit_code": exit_code}
+    wait_closed = False
+    by_spank = env.get("REVEAL_SPANK_UNREGISTERED")
     try:
-        reply = agent_request(os.path.join(spool, "agent.sock"), req,
-                              _remaining(deadline) * 0.7)
+        if by_spank:  # the SPANK job_epilog already sent the unregister (and ran us detached)
+            reply = {"ok": True} if by_spank == "ok" else None
+            if by_spank == "unreachable":
+                raise AgentUnreachable(0, f"agent socket {spool}/agent.sock: no answer to the "
+                                          "SPANK plugin's unregister")
+            if reply is None:
+                reply = {"ok": False, "error": "refused (see the slurmd log)"}
+        else:
+            reply = agent_request(os.path.join(spool, "agent.sock"), req,
+                                  _remaining(deadline) * 0.7)
         if reply.get("ok"):
             run_dir = reply.get("run_dir") or run_dir
         else:
             log("epilog", "ERROR", f"agent refused to close run slurm-{job}: "
                                    f"{reply.get('error')}", job)
+    except AgentBusy as e:
+        wait_closed = True
+        log("epilog", "WARNING", f"{e}; the analysis waits for the agent to close the run", job)
     except AgentUnreachable as e:
         log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; analysing what "
                                f"is on disk in {run_dir}", job)
@@ -328,7 +353,13 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     env2["REVEAL_SLURM_JOB_ID"] = job
     if cfg.path:
         env2["REVEAL_SLURM_CONFIG"] = cfg.path
-    subprocess.Popen([sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze", run_dir],
+    # The hook may run under ``python -S``: give the analysis our package path explicitly.
+    from .install import package_parent
+    env2["PYTHONPATH"] = os.pathsep.join(
+        p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
+    argv = [sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze"]
+    argv += ["--wait-closed"] if wait_closed else []
+    subprocess.Popen(argv + [run_dir],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/",
                      env=env2)
@@ -372,7 +403,21 @@ def _log_to_hook_log(hook: str, job: str) -> None:
     root.setLevel(logging.WARNING)
 
 
-def analyze_job(run_dir: str) -> int:
+def _wait_closed(run_dir: str, timeout: float) -> bool:
+    """Wait until the agent has written the final meta.json (``end`` set) of the run."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(os.path.join(run_dir, "meta.json")) as f:
+                if json.load(f).get("end") is not None:
+                    return True
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+    return False
+
+
+def analyze_job(run_dir: str, wait_closed: bool = False) -> int:
     """The detached analysis after the Epilog: bounded by ``analysis_timeout_s``; logs, exit 0."""
     job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
     try:
@@ -404,6 +449,9 @@ def analyze_job(run_dir: str) -> int:
     signal.signal(signal.SIGALRM, on_alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
+        if wait_closed and not _wait_closed(run_dir, min(30.0, timeout / 2)):
+            log("analysis", "WARNING", f"{run_dir}: the agent did not close the run in time; "
+                                       "analysing what is on disk", job)
         mod, func = cfg.analyzer.split(":", 1)
         import importlib
         fn = getattr(importlib.import_module(mod), func)
@@ -424,10 +472,25 @@ def analyze_job(run_dir: str) -> int:
     return 0
 
 
+def process_age() -> float:
+    """Seconds since this process (or the wrapper script that exec'ed it) started.
+
+    The budget is what slurmd waits for, so it counts from process start, interpreter
+    start-up included (10 ms resolution)."""
+    try:
+        with open("/proc/self/stat") as f:
+            start_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return min(5.0, max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK")))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
 def dispatch(name: str, env: dict[str, str] | None = None) -> int:
     """Entry point of ``reveal slurm prolog|epilog|task-prolog|task-epilog``."""
     env = dict(os.environ if env is None else env)
-    t0 = time.monotonic()
+    t0 = time.monotonic() - process_age()
     budget = {"prolog": 0.5, "epilog": 1.0}.get(name, 0.5)
     try:
         cfg = load_config()
@@ -440,9 +503,11 @@ def dispatch(name: str, env: dict[str, str] | None = None) -> int:
     if not cfg.enabled:
         return 0
     budget = {"prolog": cfg.prolog_budget_s, "epilog": cfg.epilog_budget_s}.get(name, budget)
-    deadline = t0 + budget
+    # Keep a margin for the exit itself (interpreter shutdown, wrapper).
+    deadline = t0 + budget - min(0.08, budget * 0.15)
     fns = {"prolog": lambda: prolog(cfg, env, deadline),
            "epilog": lambda: epilog(cfg, env, deadline),
            "task-prolog": lambda: task_hook("step_start", cfg, env, deadline),
            "task-epilog": lambda: task_hook("step_end", cfg, env, deadline)}
-    return run_hook(name, max(0.01, deadline - time.monotonic()), fns[name])
+    # Even when the interpreter start ate the budget, do the (fast) work: the watchdog bounds it.
+    return run_hook(name, max(deadline - time.monotonic(), 0.25 * budget), fns[name])

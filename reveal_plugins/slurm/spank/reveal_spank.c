@@ -9,10 +9,18 @@
  * a file in <spool>/pending/, which the agent reads when it comes up.  No failure of this
  * plugin ever fails a step: every remote callback returns 0.
  *
+ * With hooks=DIR (the scripts of `reveal slurm install-hooks`) it also replaces the Prolog
+ * and Epilog: slurm_spank_job_prolog registers the job with the agent and
+ * slurm_spank_job_epilog closes it, in C, in a few milliseconds -- no interpreter start in
+ * slurmd's critical path.  Only the slow parts run in Python, detached (own session) so slurmd
+ * never waits for them: starting an agent that is not running (DIR/prolog) and the analysis
+ * (DIR/epilog, told by REVEAL_SPANK_UNREGISTERED that the job is already closed).
+ *
  * plugstack.conf:  optional /path/reveal_spank.so [spool=/var/spool/reveal] [default=on|off]
- *                  [timeout_ms=300]
+ *                  [timeout_ms=300] [hooks=/etc/slurm/reveal]
  * Build: reveal slurm build-spank  (gcc -shared -fPIC against the installed slurm/spank.h).
  */
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -26,7 +34,10 @@
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <pwd.h>
 #include <unistd.h>
+
+extern char **environ;
 
 #include <slurm/spank.h>
 
@@ -45,6 +56,8 @@ static int opt_mode = MODE_UNSET;     /* from --reveal */
 static int default_mode = MODE_ON;    /* from plugstack.conf default= */
 static char spool[PATH_MAX - 64] = "/var/spool/reveal";
 static int timeout_ms = 300;
+static char hooks_dir[PATH_MAX - 64] = "";
+static char timing_file[PATH_MAX - 64] = "";   /* benchmarks: per-job hook wall times */
 static int step_recorded = 0;
 static int have_exit = 0;
 static int step_exit = 0;
@@ -91,9 +104,12 @@ static int parse_args(int ac, char **av)
 	for (int i = 0; i < ac; i++) {
 		if (strncmp(av[i], "spool=", 6) == 0) {
 			const char *v = av[i] + 6;
-			if (v[0] != '/' || strlen(v) >= sizeof(spool)) {
+			if (v[0] != '/' || strlen(v) >= sizeof(spool) ||
+			    strspn(v, "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+				      "0123456789/_.-+") != strlen(v)) {
 				slurm_error("reveal: plugstack.conf argument '%s': spool must be an "
-					    "absolute path shorter than %zu", av[i], sizeof(spool));
+					    "absolute path of [A-Za-z0-9/_.-+] shorter than %zu", av[i],
+					    sizeof(spool));
 				return -1;
 			}
 			snprintf(spool, sizeof(spool), "%s", v);
@@ -105,6 +121,16 @@ static int parse_args(int ac, char **av)
 				return -1;
 			}
 			default_mode = m;
+		} else if (strncmp(av[i], "hooks=", 6) == 0) {
+			const char *v = av[i] + 6;
+			if (v[0] != '/' || strlen(v) >= sizeof(hooks_dir)) {
+				slurm_error("reveal: plugstack.conf argument '%s': hooks must be an "
+					    "absolute directory", av[i]);
+				return -1;
+			}
+			snprintf(hooks_dir, sizeof(hooks_dir), "%s", v);
+		} else if (strncmp(av[i], "timing=", 7) == 0 && av[i][7] == '/') {
+			snprintf(timing_file, sizeof(timing_file), "%s", av[i] + 7);
 		} else if (strncmp(av[i], "timeout_ms=", 11) == 0) {
 			int t = atoi(av[i] + 11);
 			if (t < 10 || t > 10000) {
@@ -115,7 +141,7 @@ static int parse_args(int ac, char **av)
 			timeout_ms = t;
 		} else {
 			slurm_error("reveal: unknown plugstack.conf argument '%s' (known: spool=, "
-				    "default=, timeout_ms=)", av[i]);
+				    "default=, timeout_ms=, hooks=)", av[i]);
 			return -1;
 		}
 	}
@@ -132,6 +158,9 @@ static int queue_pending(const char *json)
 	size_t n = strlen(json);
 
 	snprintf(dir, sizeof(dir), "%s/pending", spool);
+	/* Same mode as the agent's: anyone may drop a request, only root/owner files count. */
+	if (mkdir(dir, 01733) == 0)
+		chmod(dir, 01733);
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (dfd < 0)
 		return -1;
@@ -166,10 +195,10 @@ static int queue_pending(const char *json)
 
 /* Send one request; return 0 if the agent answered ok, 1 if it refused, -1 if unreachable.
  * reply (may be NULL) receives the reply line. */
-static int agent_send(const char *json, char *reply, size_t rlen)
+static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 {
 	struct sockaddr_un addr;
-	struct timeval tv = {timeout_ms / 1000, (timeout_ms % 1000) * 1000};
+	struct timeval tv = {tmo_ms / 1000, (tmo_ms % 1000) * 1000};
 	char buf[1024];
 	size_t got = 0, n = strlen(json);
 	int fd;
@@ -204,6 +233,11 @@ static int agent_send(const char *json, char *reply, size_t rlen)
 	if (got == 0)
 		return -1;
 	return (strstr(buf, "\"ok\": true") || strstr(buf, "\"ok\":true")) ? 0 : 1;
+}
+
+static int agent_send(const char *json, char *reply, size_t rlen)
+{
+	return agent_send_t(json, reply, rlen, timeout_ms);
 }
 
 static void send_event(const char *event, const char *extra)
@@ -305,5 +339,216 @@ int slurm_spank_exit(spank_t sp, int ac, char **av)
 		snprintf(extra, sizeof(extra), ", \"exit_code\": null");
 	send_event("step_end", extra);
 	step_recorded = 0;
+	return 0;
+}
+
+/* ---- job_prolog / job_epilog (S_CTX_JOB_SCRIPT, root, once per job per node) ------------ */
+
+/* Seconds since this process started (10 ms resolution): what slurmd waits for. */
+static double process_age(void)
+{
+	char buf[1024];
+	double up = 0;
+	unsigned long long start = 0;
+	FILE *f = fopen("/proc/self/stat", "r");
+	char *p;
+
+	if (!f)
+		return -1;
+	if (!fgets(buf, sizeof(buf), f)) {
+		fclose(f);
+		return -1;
+	}
+	fclose(f);
+	p = strrchr(buf, ')');
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d "
+			 "%*d %*d %*d %*d %llu", &start) != 1)
+		return -1;
+	f = fopen("/proc/uptime", "r");
+	if (!f)
+		return -1;
+	if (fscanf(f, "%lf", &up) != 1)
+		up = 0;
+	fclose(f);
+	return up - (double) start / (double) sysconf(_SC_CLK_TCK);
+}
+
+static void record_timing(const char *hook, uint32_t jid)
+{
+	FILE *f;
+
+	if (!timing_file[0])
+		return;
+	f = fopen(timing_file, "a");
+	if (!f)
+		return;
+	fprintf(f, "%s %u %ld 0\n", hook, jid, (long) (process_age() * 1e6));
+	fclose(f);
+}
+
+/* Copy a value that goes into JSON; anything outside a safe set makes it empty. */
+static void safe_copy(char *dst, size_t n, const char *src)
+{
+	size_t i;
+
+	dst[0] = '\0';
+	if (src == NULL)
+		return;
+	for (i = 0; src[i] && i < n - 1; i++) {
+		unsigned char c = (unsigned char) src[i];
+		if (!(isalnum(c) || c == '_' || c == '-' || c == '.' || c == ',' || c == '[' ||
+		      c == ']' || c == '@' || c == '+')) {
+			dst[0] = '\0';
+			return;
+		}
+		dst[i] = (char) c;
+	}
+	dst[i] = '\0';
+}
+
+static void node_name(char *dst, size_t n)
+{
+	char host[256] = "";
+	const char *v = getenv("SLURMD_NODENAME");
+
+	if (v == NULL || *v == '\0') {
+		gethostname(host, sizeof(host) - 1);
+		char *dot = strchr(host, '.');
+		if (dot)
+			*dot = '\0';
+		v = host;
+	}
+	safe_copy(dst, n, v);
+}
+
+/* Run DIR/<hook> detached (own session, stdio on /dev/null); slurmd does not wait for it. */
+static void spawn_hook(const char *hook, const char *state)
+{
+	char path[PATH_MAX];
+	pid_t pid;
+
+	if (snprintf(path, sizeof(path), "%s/%s", hooks_dir, hook) >= (int) sizeof(path))
+		return;
+	pid = fork();
+	if (pid < 0) {
+		slurm_error("reveal: fork for %s failed: %m", path);
+		return;
+	}
+	if (pid == 0) {
+		if (setsid() < 0 || fork() != 0)
+			_exit(0);
+		int fd = open("/dev/null", O_RDWR);
+		if (fd >= 0) {
+			dup2(fd, 0); dup2(fd, 1); dup2(fd, 2);
+			if (fd > 2)
+				close(fd);
+		}
+		for (int i = 3; i < 1024; i++)
+			close(i);
+		if (state && strcmp(hook, "epilog") == 0)
+			setenv("REVEAL_SPANK_UNREGISTERED", state, 1);
+		if (state && strcmp(hook, "prolog") == 0)
+			setenv("REVEAL_SPANK_QUEUED", state, 1);
+		setenv("REVEAL_SPANK_DETACHED", "1", 1);
+		char *argv[] = {path, NULL};
+		execve(path, argv, environ);
+		_exit(127);
+	}
+	waitpid(pid, NULL, 0);
+}
+
+int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
+{
+	uint32_t jid = 0;
+	uid_t uid = 0;
+	gid_t gid = 0;
+	char host[128], user[128], gpus[256], part[128], gpus_json[300], json[8192];
+	char gid_json[16], user_json[132];
+	char reply[1024];
+	struct passwd pw, *pwp = NULL;
+	char pwbuf[4096];
+	int rc;
+
+	/* slurm_spank_init is not called in job-script context: parse the arguments here. */
+	if (parse_args(ac, av) < 0 || hooks_dir[0] == '\0')
+		return 0;
+	if (spank_get_item(sp, S_JOB_ID, &jid) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+		slurm_error("reveal: job_prolog: no job id/uid; job not recorded");
+		return 0;
+	}
+	if (spank_get_item(sp, S_JOB_GID, &gid) != ESPANK_SUCCESS)
+		gid = (gid_t) -1;
+	node_name(host, sizeof(host));
+	safe_copy(user, sizeof(user), getenv("SLURM_JOB_USER"));
+	if (user[0] == '\0' && getpwuid_r(uid, &pw, pwbuf, sizeof(pwbuf), &pwp) == 0 && pwp)
+		safe_copy(user, sizeof(user), pw.pw_name);
+	safe_copy(gpus, sizeof(gpus), getenv("SLURM_JOB_GPUS"));
+	if (gpus[0] == '\0')
+		safe_copy(gpus, sizeof(gpus), getenv("CUDA_VISIBLE_DEVICES"));
+	for (char *c = gpus; *c; c++)
+		if (!isdigit((unsigned char) *c) && *c != ',')
+			gpus[0] = '\0';
+	if (gpus[0])
+		snprintf(gpus_json, sizeof(gpus_json), "[%s]", gpus);
+	else
+		snprintf(gpus_json, sizeof(gpus_json), "null");
+	safe_copy(part, sizeof(part), getenv("SLURM_JOB_PARTITION"));
+	if (host[0] == '\0') {
+		slurm_error("reveal: job_prolog: unusable node name; job %u not recorded", jid);
+		return 0;
+	}
+	if (gid == (gid_t) -1)
+		snprintf(gid_json, sizeof(gid_json), "null");
+	else
+		snprintf(gid_json, sizeof(gid_json), "%u", (unsigned) gid);
+	if (user[0])
+		snprintf(user_json, sizeof(user_json), "\"%s\"", user);
+	else
+		snprintf(user_json, sizeof(user_json), "null");
+	if (snprintf(json, sizeof(json),
+		     "{\"op\": \"register\", \"run\": {\"run_id\": \"slurm-%u\", "
+		     "\"source\": \"slurm\", \"host\": \"%s\", \"job_id\": \"%u\", "
+		     "\"run_dir\": \"%s/jobs/%u/%s\", \"user\": %s, \"uid\": %u, \"gid\": %s, "
+		     "\"gpus\": %s, \"extra\": {\"partition\": \"%s\", "
+		     "\"registered_by\": \"spank\"}}}\n",
+		     jid, host, jid, spool, jid, host, user_json, (unsigned) uid, gid_json,
+		     gpus_json, part) >= (int) sizeof(json)) {
+		slurm_error("reveal: job_prolog: request too long; job %u not recorded", jid);
+		return 0;
+	}
+	rc = agent_send(json, reply, sizeof(reply));
+	if (rc > 0)
+		slurm_error("reveal: agent refused job %u: %s", jid, reply);
+	else if (rc < 0) {
+		/* No agent (or no answer): queue the registration now, so that it precedes the
+		 * step events, and let the Python prolog start an agent. */
+		int queued = queue_pending(json) == 0;
+		spawn_hook("prolog", queued ? "queued" : NULL);
+	}
+	record_timing("prolog", jid);
+	return 0;
+}
+
+int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
+{
+	uint32_t jid = 0;
+	char json[256], reply[1024], ecbuf[32] = "null";
+	const char *ec = getenv("SLURM_JOB_EXIT_CODE2");
+	int rc;
+
+	if (parse_args(ac, av) < 0 || hooks_dir[0] == '\0')
+		return 0;
+	if (spank_get_item(sp, S_JOB_ID, &jid) != ESPANK_SUCCESS)
+		return 0;
+	if (ec && isdigit((unsigned char) ec[0]))
+		snprintf(ecbuf, sizeof(ecbuf), "%d", atoi(ec));
+	snprintf(json, sizeof(json),
+		 "{\"op\": \"unregister\", \"run_id\": \"slurm-%u\", \"exit_code\": %s}\n", jid,
+		 ecbuf);
+	/* The agent flushes the last segment before it answers: allow it a little longer. */
+	rc = agent_send_t(json, reply, sizeof(reply), timeout_ms * 2);
+	spawn_hook("epilog", rc == 0 ? "ok" : rc > 0 ? "refused" : "unreachable");
+	record_timing("epilog", jid);
 	return 0;
 }

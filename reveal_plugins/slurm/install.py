@@ -1,0 +1,72 @@
+"""``reveal slurm install-hooks``: write the Prolog/Epilog/TaskProlog/TaskEpilog wrapper scripts.
+
+slurm.conf takes a program path without arguments, so each hook is a two-line script.  The
+scripts start the interpreter with ``-S -E`` (no site-packages scan, no PYTHON* variables) and
+put this package's directory on ``sys.path`` themselves: interpreter start-up is most of a
+Python hook's cost, and this halves it (the hooks need only the standard library).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+
+import reveal_plugins
+
+HOOKS = ("prolog", "epilog", "task-prolog", "task-epilog")
+
+
+def package_parent() -> str:
+    return os.path.dirname(os.path.dirname(os.path.abspath(reveal_plugins.__file__)))
+
+
+def hook_command(hook: str, python: str | None = None) -> str:
+    """The shell command that runs ``reveal slurm <hook>`` with a fast interpreter start."""
+    code = (f"import sys; sys.path.insert(0, {package_parent()!r}); "
+            "from reveal_plugins.slurm.cli import main; sys.exit(main())")
+    return f"{shlex.quote(python or sys.executable)} -S -E -c {shlex.quote(code)} {hook}"
+
+
+def script(hook: str, env: dict[str, str], python: str | None = None) -> str:
+    lines = ["#!/bin/sh", f"# Reveal Slurm {hook} (written by: reveal slurm install-hooks)"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
+    lines.append(f"exec {hook_command(hook, python)}")
+    return "\n".join(lines) + "\n"
+
+
+def install(directory: str, env: dict[str, str], python: str | None = None) -> list[str]:
+    os.makedirs(directory, mode=0o755, exist_ok=True)
+    out = []
+    for hook in HOOKS:
+        path = os.path.join(directory, hook)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(script(hook, env, python))
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, path)
+        out.append(path)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(prog="reveal slurm install-hooks",
+                                 description="Write the hook wrapper scripts slurm.conf points at.")
+    ap.add_argument("--dir", default="/etc/slurm/reveal", help="where to write the scripts")
+    ap.add_argument("--config", help="hook configuration (sets REVEAL_SLURM_CONFIG)")
+    ap.add_argument("--log", help="hook log (sets REVEAL_SLURM_LOG)")
+    ap.add_argument("--python", help="interpreter (default: this one)")
+    a = ap.parse_args(argv)
+    env = {}
+    if a.config:
+        env["REVEAL_SLURM_CONFIG"] = os.path.abspath(a.config)
+    if a.log:
+        env["REVEAL_SLURM_LOG"] = os.path.abspath(a.log)
+    paths = install(a.dir, env, a.python)
+    d = os.path.abspath(a.dir)
+    print("wrote " + ", ".join(paths))
+    print("add to slurm.conf (then: scontrol reconfigure):\n"
+          f"  Prolog={d}/prolog\n  Epilog={d}/epilog\n  PrologFlags=Alloc,Contain\n"
+          "and, only without the SPANK plugin (reveal slurm build-spank):\n"
+          f"  TaskProlog={d}/task-prolog\n  TaskEpilog={d}/task-epilog")
+    return 0
