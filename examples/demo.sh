@@ -7,7 +7,7 @@
 #
 # What it does:
 #   1. apt-get install stress-ng (and python3-venv/pip where needed), unless already present;
-#   2. pip install -e . (into .venv when the system Python is "externally managed", as on
+#   2. pip install -e '.[html]' (into .venv when the system Python is "externally managed", as on
 #      Debian 12; torch comes from the CPU-only wheel index when it is not installed yet);
 #   3. examples/cpu_contention.sh: 60 s of examples/train.py under `reveal record`, with
 #      stress-ng hogging every core from +25 s for 20 s; prints the text summary and writes
@@ -54,8 +54,8 @@ PY
         fi
         export PATH="$ROOT/.venv/bin:$PATH"
     fi
-    say "pip install -e .  (reveal and its dependencies)"
-    python3 -m pip install -q -e . 2>&1 | grep -v "^\s*$" | tail -5 || true
+    say "pip install -e '.[html]'  (reveal, its dependencies, matplotlib for the HTML report)"
+    python3 -m pip install -q -e '.[html]' 2>&1 | grep -v "^\s*$" | tail -5 || true
     if ! python3 -c 'import torch' 2>/dev/null; then
         say "pip install torch (CPU-only wheel, ~200 MB)"
         python3 -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu

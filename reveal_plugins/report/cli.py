@@ -81,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
             _write(json.dumps(doc, indent=1) + "\n", args.out)
         elif args.format == "html":
             from .html import render_job_html
+            try:
+                import matplotlib  # noqa: F401
+            except ImportError:
+                print("reveal report: --format html needs matplotlib: pip install "
+                      "'reveal-plugins[html]' (or: pip install matplotlib)", file=sys.stderr)
+                return 2
             html = render_job_html(reports, job_id, progress=progress)
             out = args.out
             if out is None:
