@@ -53,7 +53,8 @@ def test_invalid_config(cluster):
     # The configuration stays broken until the (possibly detached) hooks have run.
     with cluster.hook_config('spool = "/x"\nepilog_budget_s = = 1\n'):
         job = cluster.run_batch(JOB)
-        log = survived(cluster, job, off, "configuration error", "invalid TOML", "line 2")
+        log = survived(cluster, job, off, "configuration error", "invalid TOML", "line 2",
+                       "reveal-slurm epilog")
     assert "epilog" in log and (cluster.mode == "spank" or "prolog" in log)
 
 

@@ -63,15 +63,28 @@ def channel_floors(names: list[str], units: list[str]) -> np.ndarray:
     return np.array([unit_floor(n, u) for n, u in zip(names, units)], dtype=np.float64)
 
 
+def nanmedian_cols(A: np.ndarray) -> np.ndarray:
+    """Column medians ignoring NaN; fast path for the (usual) columns without NaN."""
+    fin = np.isfinite(A)
+    full = fin.all(axis=0)
+    out = np.full(A.shape[1], np.nan)
+    if len(A) == 0:
+        return out
+    if full.any():
+        out[full] = np.median(A[:, full], axis=0)
+    for j in np.nonzero(~full)[0]:
+        col = A[fin[:, j], j]
+        if len(col):
+            out[j] = np.median(col)
+    return out
+
+
 def robust_center_scale(A: np.ndarray, floor: np.ndarray, rel: float = 0.02
                         ) -> tuple[np.ndarray, np.ndarray]:
     """Median and max(1.4826*MAD, floor, rel*|median|) per column, NaN-aware."""
-    with np.errstate(all="ignore"):
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            med = np.nanmedian(A, axis=0)
-            mad = 1.4826 * np.nanmedian(np.abs(A - med), axis=0)
+    med = nanmedian_cols(A)
+    with np.errstate(invalid="ignore"):
+        mad = 1.4826 * nanmedian_cols(np.abs(A - med))
     med = np.where(np.isfinite(med), med, 0.0)
     mad = np.where(np.isfinite(mad), mad, 0.0)
     scale = np.maximum(np.maximum(mad, floor), rel * np.abs(med))

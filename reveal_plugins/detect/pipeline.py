@@ -9,6 +9,7 @@ a valid report with a note.  Only a path that is not a run directory at all rais
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -20,7 +21,7 @@ from . import attribution as attr
 from .detectors import builtin_detectors, fuse, normalize
 from .events import group, span
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler
-from .prepare import informative, prepare
+from .prepare import Prepared, informative, load_prepared, prepare
 from .prune import prune
 from .report import empty_report, run_section, summary, telemetry_section, SCHEMA
 from .windows import windows_pieces as sliding_windows
@@ -133,15 +134,18 @@ def baseline_columns(names: Sequence[str], baseline: dict) -> tuple[np.ndarray, 
     return np.array(cols, np.intp), np.array(cen), np.array(sca)
 
 
-def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
+def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[ChannelMeta],
            meta: dict | None = None, events: list[dict] | None = None,
-           config: dict | None = None, baseline: dict | None = None) -> Detection:
-    """Find anomalies in one frame of raw samples (counters cumulative)."""
+           config: dict | None = None, baseline: dict | None = None,
+           prepared: "Prepared | None" = None) -> Detection:
+    """Find anomalies in one frame of raw samples (counters cumulative), or in an already
+    ``prepared`` run (then ``t``/``values`` are ignored)."""
     cfg = _config(config)
     meta = meta or {}
     events = events or []
     out = Detection()
-    P = prepare(t, values, metas, interval_s=None, drop=False)
+    P = prepared if prepared is not None else prepare(t, values, metas, interval_s=None,
+                                                      drop=False)
     out.notes += P.notes
     out.samples = len(P.t)
     if len(P.t):
@@ -153,7 +157,9 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         return out
     keep, reasons = informative(P.X)
     out.analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
-    win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s)
+    # Means of every channel (attribution, pruning); full statistics only for the modelled ones.
+    win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+                          stats=("mean",))
     m = len(win)
     out.analysis["windows"] = m
     if m < 2 * cfg["min_windows"] + 2:
@@ -193,7 +199,10 @@ def detect(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"],
                           np.minimum(reach, 50.0))
         mcols = det_cols[kept]
-        F = feature_matrix(win, mcols)
+        wfull = sliding_windows(P.t, P.X[:, mcols], cfg["window_s"], cfg["stride_s"],
+                                P.interval_s)
+        F = feature_matrix(wfull)
+        del wfull
         scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows)
         Z = scaler.transform(F)
         del F
@@ -364,35 +373,44 @@ def load_baseline(baseline: Any) -> dict | None:
 
 def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
     """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk)."""
-    from ..telemetry.store import load_run
+    from ..telemetry import store
 
     t0 = time.perf_counter()
-    data = load_run(run_dir)   # StoreError (not a run directory) propagates, clearly worded
-    meta = data.meta
-    notes = list(data.warnings)
+    meta = store.read_meta(run_dir)   # StoreError (not a run directory) propagates, clearly
+    cfg = _config(config)             # ValueError for a bad setting, naming it
     bl = load_baseline(baseline)
-    fr = data.frame
+    notes: list[str] = []
     try:
-        det = detect(fr.t, fr.values, fr.channels, meta, data.events, config, bl)
-    except ValueError as e:   # configuration errors name the key and value
-        raise
+        metas = [ChannelMeta.from_dict(c) for c in meta["channels"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise store.StoreError(f"{os.path.join(run_dir, store.META)}: bad channel entry: "
+                               f"{e}") from None
+    samples, nbytes, t_first, t_last = 0, 0, None, None
+    try:
+        iv = meta.get("interval_s")
+        P, nseg, nbytes, warn = load_prepared(run_dir, metas,
+                                              float(iv) if isinstance(iv, (int, float))
+                                              and iv > 0 else None)
+        notes += warn
+        events = store.read_events(run_dir, notes)
+        samples = len(P.t)
+        if samples:
+            t_first, t_last = float(P.t[0]), float(P.t[-1])
+        else:
+            notes.append("the run holds no telemetry samples (no segment, or all unreadable)")
+        det = detect(None, None, metas, meta, events, cfg, bl, prepared=P)
+        del P
     except Exception as e:  # never a traceback for a user: a report that says what happened
         log.exception("analysis of %s failed", run_dir)
-        rep = empty_report(meta, notes + [f"analysis failed: {type(e).__name__}: {e}"],
-                           len(fr.t), len(fr.channels), data.bytes_stored,
-                           float(fr.t[0]) if len(fr.t) else None,
-                           float(fr.t[-1]) if len(fr.t) else None)
-        return rep
-    if len(fr.t) == 0:
-        notes.append("the run holds no telemetry samples (no segment, or all unreadable)")
+        return empty_report(meta, notes + [f"analysis failed: {type(e).__name__}: {e}"],
+                            samples, len(metas), nbytes, t_first, t_last)
     notes += det.notes
     det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
     if bl is not None:
         det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
     rep = {"schema": SCHEMA,
            "run": run_section(meta, det.t_first, det.t_last),
-           "telemetry": telemetry_section(meta, len(fr.t), len(fr.channels), data.bytes_stored,
-                                          None),
+           "telemetry": telemetry_section(meta, samples, len(metas), nbytes, None),
            "anomalies": det.anomalies, "observations": det.observations, "notes": notes,
            "analysis": det.analysis}
     rep["summary"] = summary(rep)

@@ -81,22 +81,24 @@ def to_rates(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
     bad_dt = np.concatenate([[True], (dt <= 0) | (dt > max(5 * iv, 2.0))])
     safe_dt = np.where(dt > 0, dt, np.nan)
     counter = np.array([m.kind == "counter" for m in metas], bool)
+    gauge_idx = np.nonzero(~counter)[0]
+    X[:, gauge_idx] = values[:, gauge_idx]
     resets = 0
-    for j in range(c):
-        col = values[:, j]
-        if counter[j]:
-            d = np.empty(n)
-            d[0] = np.nan
-            d[1:] = np.diff(col) / safe_dt
-            neg = d < 0
-            if neg.any():
-                resets += 1
-                d[neg] = np.nan
-            d[bad_dt] = np.nan
-            X[:, j] = d
-            units[j] = _rate_unit(units[j])
-        else:
-            X[:, j] = col
+    cidx = np.nonzero(counter)[0]
+    for a in range(0, len(cidx), 128):   # chunks bound the float64 temporaries
+        cols = cidx[a:a + 128]
+        d = np.empty((n, len(cols)))
+        d[0] = np.nan
+        np.subtract(values[1:, cols], values[:-1, cols], out=d[1:])
+        d[1:] /= safe_dt[:, None]
+        neg = d < 0
+        if neg.any():
+            resets += int(neg.any(axis=0).sum())
+            d[neg] = np.nan
+        d[bad_dt] = np.nan
+        X[:, cols] = d
+    for j in cidx:
+        units[j] = _rate_unit(units[j])
     if resets:
         notes.append(f"{resets} counter channel(s) went backwards (reset or wrap); those samples "
                      "are left out")
@@ -204,18 +206,32 @@ def add_derived(X: np.ndarray, names: list[str], units: list[str]
             names + dn, units + du)
 
 
-def informative(X: np.ndarray, cv_min: float = CV_MIN) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Mask of channels worth modelling: not all-NaN, not always zero, CV >= ``cv_min``."""
-    finite = np.isfinite(X)
-    any_finite = finite.any(axis=0)
-    Z = np.where(finite, X, 0.0).astype(np.float64)
-    cnt = np.maximum(finite.sum(axis=0), 1)
-    mean = Z.sum(axis=0) / cnt
-    var = np.maximum((Z * Z).sum(axis=0) / cnt - mean * mean, 0.0)
-    std = np.sqrt(var)
-    nonzero = np.abs(Z).max(axis=0) > 0 if len(Z) else np.zeros(X.shape[1], bool)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cv = np.where(np.abs(mean) > 0, std / np.abs(mean), np.where(std > 0, np.inf, 0.0))
+def informative(X: np.ndarray, cv_min: float = CV_MIN, chunk: int = 128
+                ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Mask of channels worth modelling: not all-NaN, not always zero, CV >= ``cv_min``.
+
+    Works on column chunks so the float64 temporaries stay small on long runs."""
+    c = X.shape[1]
+    any_finite = np.zeros(c, bool)
+    nonzero = np.zeros(c, bool)
+    cv = np.zeros(c)
+    for a in range(0, c, chunk):
+        b = min(c, a + chunk)
+        Z = X[:, a:b].astype(np.float64)
+        finite = np.isfinite(Z)
+        any_finite[a:b] = finite.any(axis=0)
+        Z[~finite] = 0.0
+        cnt = np.maximum(finite.sum(axis=0), 1)
+        mean = Z.sum(axis=0) / cnt
+        Z -= mean
+        Z[~finite] = 0.0
+        std = np.sqrt((Z * Z).sum(axis=0) / cnt)
+        Z += mean
+        Z[~finite] = 0.0
+        nonzero[a:b] = (np.abs(Z).max(axis=0) > 0) if len(Z) else False
+        with np.errstate(divide="ignore", invalid="ignore"):
+            cv[a:b] = np.where(np.abs(mean) > 0, std / np.abs(mean),
+                               np.where(std > 0, np.inf, 0.0))
     reasons = {"all_nan": ~any_finite, "always_zero": any_finite & ~nonzero,
                "near_constant": any_finite & nonzero & (cv < cv_min)}
     keep = any_finite & nonzero & (cv >= cv_min)
@@ -225,7 +241,7 @@ def informative(X: np.ndarray, cv_min: float = CV_MIN) -> tuple[np.ndarray, dict
 def prepare(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
             interval_s: float | None = None, keep_channels: Sequence[str] | None = None,
             drop: bool = True) -> Prepared:
-    """Rates, derived metrics and channel filtering for one run.
+    """Rates, derived metrics and channel filtering for one run (raw samples in memory).
 
     ``keep_channels`` (from a baseline) pins the channel set instead of filtering by this run's
     own variability -- a channel stuck at a wrong constant is exactly what a baseline must see.
@@ -238,7 +254,8 @@ def prepare(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
         t, values = t[ok], values[ok]
     if len(t) > 1:
         order = np.argsort(t, kind="stable")
-        t, values = t[order], values[order]
+        if (np.diff(order) != 1).any():
+            t, values = t[order], values[order]
         dup = np.concatenate([[False], np.diff(t) <= 0])
         if dup.any():
             notes.append(f"{int(dup.sum())} sample(s) with a repeated timestamp left out "
@@ -246,8 +263,115 @@ def prepare(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
             t, values = t[~dup], values[~dup]
     iv = interval_s or median_interval(t)
     X, names, units, n2, gaps = to_rates(t, values, metas, iv)
-    notes += n2
-    X, names, units = add_derived(X, names, units)
+    return finish(t, X, names, units, notes + n2, gaps, iv, keep_channels, drop)
+
+
+def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None = None,
+                  keep_channels: Sequence[str] | None = None, drop: bool = False
+                  ) -> tuple[Prepared, int, int, list[str]]:
+    """Read a run's segments one at a time and turn them into rates as they come, so the raw
+    float64 matrix of the whole run is never held in memory (1 h x 700 channels at 10 Hz:
+    ~100 MB of float32 rates instead of ~700 MB peak through ``load_run``).
+
+    Returns ``(prepared, segments read, bytes read, warnings)``; unreadable segments and
+    leftover temporary files are skipped with a warning, as ``load_run`` does.
+    """
+    import os
+
+    from ..telemetry import store
+
+    warnings: list[str] = []
+    seg_dir = os.path.join(run_dir, store.SEGMENTS)
+    if os.path.isdir(seg_dir):
+        for n in sorted(os.listdir(seg_dir)):
+            if n.endswith(".tmp"):
+                warnings.append(f"{os.path.join(seg_dir, n)}: ignored unfinished segment "
+                                "(the writer stopped before renaming it)")
+    names = [m.name for m in metas]
+    dnames = names
+    prev_t: float | None = None
+    prev_row: np.ndarray | None = None
+    ts: list[np.ndarray] = []
+    blocks: list[np.ndarray] = []
+    notes: list[str] = []
+    gaps: list[tuple[float, float]] = []
+    nseg = nbytes = 0
+    units = [m.unit for m in metas]
+    iv = interval_s
+    for path in store.segment_paths(run_dir):
+        try:
+            t, raw = store.read_segment(path, names)
+        except Exception as e:  # corrupt or truncated file: keep going with the others
+            warnings.append(f"{path}: skipped unreadable segment ({type(e).__name__}: {e})")
+            continue
+        nseg += 1
+        nbytes += os.path.getsize(path)
+        if len(t) == 0:
+            continue
+        ok = np.isfinite(t)
+        if not ok.all():
+            notes.append(f"{path}: {int((~ok).sum())} sample(s) without a valid timestamp "
+                         "left out")
+            t, raw = t[ok], raw[ok]
+            if len(t) == 0:
+                continue
+        if iv is None and len(t) > 1:
+            iv = median_interval(t)
+        if prev_row is not None:
+            tt = np.concatenate([[prev_t], t])
+            rr = np.vstack([prev_row[None, :], raw])
+        else:
+            tt, rr = t, raw
+        X, _, units, n2, g = to_rates(tt, rr, metas, iv or 1.0)
+        notes += [x for x in n2 if "went backwards" in x]
+        gaps += g
+        if prev_row is not None:
+            X = X[1:]
+        ts.append(t)
+        blocks.append(X)
+        prev_t, prev_row = float(t[-1]), raw[-1].copy()
+    if ts:
+        t = np.concatenate(ts)
+        # One allocation for rates + derived metrics (their inputs are known from the names).
+        _, dn, du = _derive(np.zeros((1, len(names)), np.float32), names, units)
+        X = np.empty((len(t), len(names) + len(dn)), np.float32)
+        r = 0
+        for blk in blocks:
+            X[r:r + len(blk), :len(names)] = blk
+            r += len(blk)
+        del blocks, blk
+        cols, dn, du = _derive(X[:, :len(names)], names, units)
+        for j, col in enumerate(cols):
+            X[:, len(names) + j] = col
+        dnames, units = names + dn, units + du
+    else:
+        t, X = np.zeros(0), np.zeros((0, len(metas)), np.float32)
+        dnames = names
+    if gaps:
+        notes.append(f"{len(gaps)} gap(s) in the samples (largest "
+                     f"{max(b - a for a, b in gaps):.1f} s at t={max(gaps, key=lambda g: g[1] - g[0])[0]:.1f}):"
+                     " lost segment, agent pause or clock jump; rates across a gap are left out")
+    if len(t) > 1:
+        back = np.diff(t) <= 0
+        if back.any():
+            order = np.argsort(t, kind="stable")
+            t, X = t[order], X[order]
+            dup = np.concatenate([[False], np.diff(t) <= 0])
+            notes.append(f"the clock stepped backwards {int(back.sum())} time(s); samples "
+                         f"re-ordered, {int(dup.sum())} repeated timestamp(s) left out")
+            t, X = t[~dup], X[~dup]
+    resets = [x for x in notes if "went backwards" in x]
+    notes = [x for x in notes if "went backwards" not in x] + resets[:1]
+    return (finish(t, X, dnames, units, notes, gaps[:5], iv or median_interval(t),
+                   keep_channels, drop, derive=False), nseg, nbytes, warnings)
+
+
+def finish(t: np.ndarray, X: np.ndarray, names: list[str], units: list[str], notes: list[str],
+           gaps: list[tuple[float, float]], iv: float, keep_channels: Sequence[str] | None,
+           drop: bool, derive: bool = True) -> Prepared:
+    """Derived metrics and channel selection on per-second rates."""
+    if derive:
+        X, names, units = add_derived(X, names, units)
     dropped: dict[str, list[str]] = {}
     if keep_channels is not None:
         idx = {n: i for i, n in enumerate(names)}

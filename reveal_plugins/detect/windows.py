@@ -44,8 +44,10 @@ def _blocks(t: np.ndarray, t0: float, stride_s: float) -> tuple[np.ndarray, np.n
 
 def sliding_windows(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_s: float = 1.0,
                     interval_s: float | None = None, t0: float | None = None,
-                    chunk: int = 96, min_fill: float = 0.5) -> Windows:
+                    chunk: int = 96, min_fill: float = 0.5,
+                    stats: tuple[str, ...] = STATS) -> Windows:
     """Cut (t, X) into windows.  ``t0`` aligns the grid (default: first sample).
+    ``stats=("mean",)`` computes only the means (a quarter of the cost).
 
     A window is valid when it holds at least ``min_fill`` of the samples its length implies
     (windows over a gap or at a truncated end are kept but marked invalid).
@@ -55,7 +57,7 @@ def sliding_windows(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_
     w = max(1, int(round(window_s / stride_s)))
     window_s = w * stride_s
     empty = Windows(np.zeros(0), np.zeros(0), np.zeros(0, int), np.zeros(0, bool),
-                    {k: np.zeros((0, c), np.float32) for k in STATS}, window_s, stride_s)
+                    {k: np.zeros((0, c), np.float32) for k in stats}, window_s, stride_s)
     if n == 0:
         return empty
     t0 = float(t[0]) if t0 is None else float(t0)
@@ -79,48 +81,64 @@ def sliding_windows(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_
         interval_s = float(np.median(np.diff(t))) if len(t) > 1 else stride_s
     expected = max(1.0, window_s / max(interval_s, 1e-9))
     valid = count >= min_fill * expected
-    out = {k: np.full((m, c), np.nan, np.float32) for k in STATS}
+    out = {k: np.full((m, c), np.nan, np.float32) for k in stats}
+    full = set(stats) != {"mean"}
     tt = (t - t0).astype(np.float64)
     # reduceat needs valid indices: only reduce non-empty blocks, scatter back.
     ne_idx = np.nonzero(nonempty)[0]
     red_at = lo[ne_idx]
+    def blocksum(arr: np.ndarray) -> np.ndarray:
+        s = np.zeros((nb,) + arr.shape[1:])
+        if len(red_at):
+            s[ne_idx] = np.add.reduceat(arr, red_at, axis=0)
+        return s
+
+    def roll(arr: np.ndarray) -> np.ndarray:
+        cs_ = np.cumsum(arr, axis=0)
+        r = cs_[w - 1:].copy()
+        r[1:] -= cs_[:-w]
+        return r
+
+    # time sums of every block, shared by all NaN-free channels
+    n_all = roll(blocksum(np.ones(len(tt)))[:, None])
+    t_all = roll(blocksum(tt)[:, None])
+    t2_all = roll(blocksum(tt * tt)[:, None])
     for a in range(0, c, chunk):
         b = min(c, a + chunk)
         Y = X[:, a:b].astype(np.float64)
         fin = np.isfinite(Y)
-        Y0 = np.where(fin, Y, 0.0)
+        clean = bool(fin.all())
+        if not clean:
+            Y0 = np.where(fin, Y, 0.0)
+        else:
+            Y0 = Y
+        S = roll(blocksum(Y0))
+        if clean:
+            N = n_all
+        else:
+            N = roll(blocksum(fin.astype(np.float64)))
+        if not full:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                out["mean"][:, a:b] = S / np.where(N > 0, N, np.nan)
+            continue
+        Q = roll(blocksum(Y0 * Y0))
+        TX = roll(blocksum(Y0 * tt[:, None]))
+        if clean:
+            T1, T2 = t_all, t2_all
+            lo_v, hi_v = Y, Y
+        else:
+            tcol = np.where(fin, tt[:, None], 0.0)
+            T1 = roll(blocksum(tcol))
+            T2 = roll(blocksum(tcol * tcol))
+            del tcol
+            lo_v, hi_v = np.where(fin, Y, np.inf), np.where(fin, Y, -np.inf)
         k = b - a
-
-        def blocksum(arr: np.ndarray) -> np.ndarray:
-            s = np.zeros((nb, k))
-            if len(red_at):
-                s[ne_idx] = np.add.reduceat(arr, red_at, axis=0)
-            return s
-
-        n_b = blocksum(fin.astype(np.float64))
-        s_b = blocksum(Y0)
-        q_b = blocksum(Y0 * Y0)
-        tx_b = blocksum(Y0 * tt[:, None])
-        tcol = np.where(fin, tt[:, None], 0.0)
-        t_b = blocksum(tcol)
-        t2_b = blocksum(tcol * tcol)
         mn_b = np.full((nb, k), np.inf)
         mx_b = np.full((nb, k), -np.inf)
         if len(red_at):
-            mn_b[ne_idx] = np.minimum.reduceat(np.where(fin, Y, np.inf), red_at, axis=0)
-            mx_b[ne_idx] = np.maximum.reduceat(np.where(fin, Y, -np.inf), red_at, axis=0)
-        del Y, fin, Y0, tcol
-
-        def roll(arr: np.ndarray) -> np.ndarray:
-            cs_ = np.concatenate([np.zeros((1, k)), np.cumsum(arr, axis=0)])
-            return cs_[w:] - cs_[:-w]
-
-        N = roll(n_b)
-        S = roll(s_b)
-        Q = roll(q_b)
-        TX = roll(tx_b)
-        T1 = roll(t_b)
-        T2 = roll(t2_b)
+            mn_b[ne_idx] = np.minimum.reduceat(lo_v, red_at, axis=0)
+            mx_b[ne_idx] = np.maximum.reduceat(hi_v, red_at, axis=0)
+        del Y, fin, Y0, lo_v, hi_v
         mn = mn_b[0:m].copy()
         mx = mx_b[0:m].copy()
         for o in range(1, w):
@@ -142,21 +160,22 @@ def sliding_windows(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_
 
 
 def windows_pieces(t: np.ndarray, X: np.ndarray, window_s: float = 3.0, stride_s: float = 1.0,
-                   interval_s: float | None = None, max_gap_s: float = 60.0) -> Windows:
+                   interval_s: float | None = None, max_gap_s: float = 60.0,
+                   stats: tuple[str, ...] = STATS) -> Windows:
     """Like :func:`sliding_windows`, but a gap longer than ``max_gap_s`` (a clock jump, an
     agent that stopped for a while) splits the series into pieces windowed separately, so an
     hour-long (or year-long) jump costs nothing."""
     if len(t) < 2:
-        return sliding_windows(t, X, window_s, stride_s, interval_s)
+        return sliding_windows(t, X, window_s, stride_s, interval_s, stats=stats)
     cut = np.nonzero(np.diff(t) > max(max_gap_s, 4 * window_s))[0] + 1
     if len(cut) == 0:
-        return sliding_windows(t, X, window_s, stride_s, interval_s)
-    parts = [sliding_windows(t[a:b], X[a:b], window_s, stride_s, interval_s)
+        return sliding_windows(t, X, window_s, stride_s, interval_s, stats=stats)
+    parts = [sliding_windows(t[a:b], X[a:b], window_s, stride_s, interval_s, stats=stats)
              for a, b in zip(np.concatenate([[0], cut]), np.concatenate([cut, [len(t)]]))]
     parts = [p for p in parts if len(p)] or parts[:1]
     return Windows(np.concatenate([p.start for p in parts]),
                    np.concatenate([p.end for p in parts]),
                    np.concatenate([p.count for p in parts]),
                    np.concatenate([p.valid for p in parts]),
-                   {k: np.concatenate([p.stats[k] for p in parts]) for k in STATS},
+                   {k: np.concatenate([p.stats[k] for p in parts]) for k in stats},
                    parts[0].window_s, parts[0].stride_s)
