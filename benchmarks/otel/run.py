@@ -89,7 +89,7 @@ def bench_delay(reps: int) -> None:
                                              f"http://127.0.0.1:{_free_port()}"),
                  ("hung (never answers)", hung), ("slow (answers after 3 s)", slow.endpoint),
                  ("refusing (503 / UNAVAILABLE)", refusing.endpoint)]
-        cases.append(("healthy, 5000 anomalies (500 sent)", up.endpoint))
+        cases.append(("healthy, 5000 anomalies (200 sent)", up.endpoint))
         for name, ep in cases:
             ts = hook_times(d, big if name.startswith("healthy, 5000") else report, ep,
                             protocol, reps)

@@ -39,7 +39,7 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument("--timeout", type=float, metavar="S", help="request timeout in seconds")
     e.add_argument("--max-anomalies", type=int, metavar="N",
                    help="anomaly spans per run, highest scores first (default: [otel] "
-                        "max_anomalies, 500)")
+                        "max_anomalies, 200)")
     e.add_argument("--dry-run", action="store_true",
                    help="print the spans as JSON instead of sending them")
     sub.add_parser("config", help="print the effective export configuration")

@@ -58,7 +58,7 @@ class OtelConfig:
     metrics: bool = False                    # live metrics from the node agent
     metrics_interval_s: float = 10.0
     max_evidence: int = 5                    # evidence channels put on an anomaly span
-    max_anomalies: int = 500                 # anomaly spans per run (highest scores first)
+    max_anomalies: int = 200                 # anomaly spans per run (highest scores first)
     source: str = "defaults"                 # where the endpoint came from (for messages)
 
     @property

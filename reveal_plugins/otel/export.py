@@ -15,7 +15,7 @@ import re
 import threading
 import time
 from dataclasses import asdict, dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
@@ -49,7 +49,7 @@ class ExportOutcome:
         return asdict(self)
 
 
-def _recording_session() -> Any:
+def _recording_session(on_error: Callable[[], None] | None = None) -> Any:
     """A requests session that remembers why the last request failed (connection refused,
     read timeout, HTTP status): the HTTP exporter only says 'failed'."""
     import requests
@@ -64,9 +64,13 @@ def _recording_session() -> Any:
                 cause = e.args[0] if e.args else e
                 reason = getattr(cause, "reason", None) or cause
                 self.last_error = f"{type(e).__name__}: {reason}"[:300]
+                if on_error is not None:
+                    on_error()
                 raise
             if resp.status_code >= 400:
                 self.last_error = f"HTTP {resp.status_code} {resp.reason}"
+                if on_error is not None:
+                    on_error()
             return resp
 
     return RecordingSession()
@@ -106,6 +110,7 @@ class _Capture(logging.Handler):
     def __init__(self) -> None:
         super().__init__(logging.DEBUG)
         self.by_thread: dict[int, list[str]] = {}
+        self.callbacks: dict[int, Callable[[], None]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
         msgs = self.by_thread.get(record.thread or 0)
@@ -114,6 +119,9 @@ class _Capture(logging.Handler):
                 msgs.append(record.getMessage())
             except Exception:  # a malformed record must not break the export
                 pass
+            cb = self.callbacks.get(record.thread or 0)
+            if cb is not None:
+                cb()
 
 
 _capture_lock = threading.Lock()
@@ -122,8 +130,9 @@ _saved: dict[str, bool] = {}
 _removed_filters: list[tuple[logging.Logger, list[logging.Filter]]] = []
 
 
-def _capture_on() -> None:
-    """Start capturing the exporters' log records of the calling thread."""
+def _capture_on(on_warning: Callable[[], None] | None = None) -> None:
+    """Start capturing the exporters' log records of the calling thread (``on_warning`` is
+    called at each warning: the exporter is retrying or has failed)."""
     with _capture_lock:
         if not _capture.by_thread:
             for name in _OTLP_LOGGERS:
@@ -141,12 +150,15 @@ def _capture_on() -> None:
                     if dups:
                         _removed_filters.append((lg, dups))
         _capture.by_thread[threading.get_ident()] = []
+        if on_warning is not None:
+            _capture.callbacks[threading.get_ident()] = on_warning
 
 
 def _capture_off() -> list[str]:
     """Stop capturing for the calling thread; return what it logged."""
     with _capture_lock:
         msgs = _capture.by_thread.pop(threading.get_ident(), [])
+        _capture.callbacks.pop(threading.get_ident(), None)
         if not _capture.by_thread:
             for name in _OTLP_LOGGERS:
                 lg = logging.getLogger(name)
@@ -187,23 +199,49 @@ def _reason(messages: list[str]) -> str:
 
 
 def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float | None = None,
-               exporter: SpanExporter | None = None) -> ExportOutcome:
+               exporter: SpanExporter | None = None,
+               on_late: Callable[[ExportOutcome], None] | None = None) -> ExportOutcome:
     """Export ``spans``; return within ``budget_s`` (None: wait up to ``cfg.timeout_s``).
 
     Never raises for backend trouble: down, refusing (HTTP 4xx/5xx, gRPC errors) or slow
-    backends come back as ``ok=False`` with the reason, logged once per endpoint.
+    backends come back as ``ok=False`` with the reason, logged once per endpoint.  With a
+    budget, the first failed attempt (connection refused, an error status) ends the wait at
+    once: the exporter's retries go on in the background until the budget's deadline, and if
+    they succeed after the caller returned, ``on_late`` gets the final outcome.
     """
     t0 = time.monotonic()
     endpoint = cfg.signal_endpoint("traces")
     wait = budget_s if budget_s is not None else cfg.timeout_s
     trace_id = format(spans[0].context.trace_id, "032x") if spans else ""
     box: dict[str, Any] = {}
+    wake = threading.Event()
+    lock = threading.Lock()
+    give_up_early = budget_s is not None
+    on_error = wake.set if give_up_early else None
+
+    def outcome(finished: bool) -> ExportOutcome:
+        ok = finished and box.get("result") == SpanExportResult.SUCCESS
+        error = None
+        session = box.get("session")
+        last = getattr(session, "last_error", None) or (
+            _reason(list(box.get("live_messages") or [])) if box.get("live_messages") else None)
+        if not ok:
+            if finished:
+                error = (box.get("error") or getattr(session, "last_error", None)
+                         or _reason(box.get("messages") or []))
+            elif last:
+                error = f"{last} (gave up after {time.monotonic() - t0:.2f} s)"
+            else:
+                error = f"no answer within {wait:g} s"
+        return ExportOutcome(ok=ok, finished=finished, seconds=round(time.monotonic() - t0, 4),
+                             spans=len(spans), endpoint=endpoint, protocol=cfg.protocol,
+                             trace_id=trace_id, error=error, t=time.time())
 
     def work() -> None:
-        _capture_on()
-        msgs: list[str] = []
+        _capture_on(on_error)
+        box["live_messages"] = _capture.by_thread.get(threading.get_ident())
         try:
-            session = _recording_session() if exporter is None and \
+            session = _recording_session(on_error) if exporter is None and \
                 cfg.protocol != "grpc" else None
             box["session"] = session
             exp = exporter or make_span_exporter(cfg, timeout_s=wait, session=session)
@@ -221,32 +259,40 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         except Exception as e:  # bad certificate file, encoder bug ...
             box["error"] = f"{type(e).__name__}: {e}"
         finally:
-            msgs = _capture_off()
-            box["messages"] = msgs
+            box["messages"] = _capture_off()
+            with lock:
+                box["done"] = True
+                late = box.get("returned")
+            wake.set()
+            if late:
+                _finish(outcome(True), late=True)
+
+    def _finish(o: ExportOutcome, late: bool = False) -> None:
+        if o.ok:
+            with _warned_lock:  # a recovered backend deserves a fresh warning next time
+                _warned.discard(endpoint)
+            if late:
+                log.info("OpenTelemetry export to %s completed after the caller went on "
+                         "(trace %s)", endpoint, trace_id)
+                if on_late is not None:
+                    on_late(o)
+        elif not late:
+            warn_once(endpoint, f"OpenTelemetry export to {endpoint} ({cfg.protocol}) failed: "
+                                f"{o.error}; the report stays on disk, re-send it with "
+                                "`reveal otel export DIR`")
 
     th = threading.Thread(target=work, name="reveal-otel-export", daemon=True)
     th.start()
-    th.join(wait if budget_s is not None else None)
-    seconds = time.monotonic() - t0
-    finished = not th.is_alive()
-    ok = finished and box.get("result") == SpanExportResult.SUCCESS
-    error = None
-    if not ok:
-        if not finished:
-            last = getattr(box.get("session"), "last_error", None)
-            error = f"no answer within {wait:g} s" + (f" (last error: {last})" if last else "")
-        else:
-            session = box.get("session")
-            error = (box.get("error") or getattr(session, "last_error", None)
-                     or _reason(box.get("messages") or []))
-        warn_once(endpoint, f"OpenTelemetry export to {endpoint} ({cfg.protocol}) failed: {error}; "
-                            "the report stays on disk, re-send it with `reveal otel export DIR`")
+    if budget_s is None:
+        th.join()
     else:
-        with _warned_lock:  # a recovered backend deserves a fresh warning next time it fails
-            _warned.discard(endpoint)
-    return ExportOutcome(ok=ok, finished=finished, seconds=round(seconds, 4), spans=len(spans),
-                         endpoint=endpoint, protocol=cfg.protocol, trace_id=trace_id, error=error,
-                         t=time.time())
+        wake.wait(wait)
+    with lock:
+        finished = bool(box.get("done"))
+        box["returned"] = True
+    o = outcome(finished)
+    _finish(o)
+    return o
 
 
 def write_status(run_dir: str, outcome: ExportOutcome) -> None:
@@ -292,8 +338,15 @@ def export_report(report: dict[str, Any], meta: dict[str, Any] | None, cfg: Otel
     t0 = time.monotonic()
     spans = build_spans(report, meta, cfg)
     left = None if budget_s is None else max(0.05, budget_s - (time.monotonic() - t0))
-    outcome = send_spans(spans, cfg, budget_s=left, exporter=exporter)
+    written = threading.Event()
+
+    def late(o: ExportOutcome) -> None:  # a long-lived caller: correct otel.json
+        if run_dir and written.wait(5):
+            write_status(run_dir, o)
+
+    outcome = send_spans(spans, cfg, budget_s=left, exporter=exporter, on_late=late)
     outcome.seconds = round(time.monotonic() - t0, 4)
     if run_dir:
         write_status(run_dir, outcome)
+    written.set()
     return outcome
