@@ -120,14 +120,15 @@ class OtlpHttpReceiver(_Store):
     """OTLP/HTTP (protobuf) receiver on 127.0.0.1; ``endpoint`` is the base URL.
 
     ``delay_s`` sleeps before answering (a slow backend); ``status`` != 200 refuses every
-    request with that HTTP status (after decoding it, so refused data is still inspectable
-    in ``refused``).
+    request with that HTTP status, ``refuse_first`` = N refuses only the first N with 503 (a
+    collector restarting).
     """
 
-    def __init__(self, delay_s: float = 0.0, status: int = 200) -> None:
+    def __init__(self, delay_s: float = 0.0, status: int = 200, refuse_first: int = 0) -> None:
         super().__init__()
         self.delay_s = delay_s
         self.status = status
+        self.refuse_first = refuse_first   # answer 503 to this many requests, then accept
         self.refused = 0
         store = self
 
@@ -160,9 +161,9 @@ class OtlpHttpReceiver(_Store):
                 req.ParseFromString(body)
                 if store.delay_s:
                     time.sleep(store.delay_s)
-                if store.status != 200:
+                if store.status != 200 or store.refused < store.refuse_first:
                     store.refused += 1
-                    self.send_response(store.status)
+                    self.send_response(store.status if store.status != 200 else 503)
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return

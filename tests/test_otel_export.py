@@ -248,3 +248,22 @@ def test_cli_resends_every_failed_export_under_the_spool(otel_clean_env, tmp_pat
     assert read_status(dirs[0])["ok"] and read_status(dirs[1]) is None
     assert main(["export", "--failed", "--spool", str(spool),
                  "--endpoint", otlp_http.endpoint]) == 0      # nothing left to re-send
+
+
+def test_retry_that_succeeds_after_the_caller_went_on_corrects_the_status(otel_clean_env,
+                                                                          run_dir):
+    """A collector restarting answers 503 once: the job end goes on at once, the exporter
+    retries in the background (within a 3 s budget here) and otel.json ends up ok."""
+    r = OtlpHttpReceiver(refuse_first=1)
+    try:
+        otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", r.endpoint)
+        otel_clean_env.setenv("REVEAL_OTEL_BUDGET_S", "3")
+        assert _timed_sink(run_dir) < 0.5
+        assert not read_status(run_dir)["ok"]
+        _assert_trace(r.wait_spans(6, timeout=5))
+        deadline = time.monotonic() + 5
+        while not read_status(run_dir)["ok"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert read_status(run_dir)["ok"] and r.refused == 1
+    finally:
+        r.close()
