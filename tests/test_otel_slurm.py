@@ -61,6 +61,10 @@ def test_slurm_job_produces_one_trace(slurm_cluster, slurm_users, otlp_http):
     assert root["attributes"]["slurm.job.id"] == job.job_id
     assert root["attributes"]["user.name"] == slurm_users[0]
     assert root["resource"]["reveal.scheduler"] == "slurm"
+    extra = meta["run"].get("extra") or {}
+    if extra.get("cluster"):
+        assert root["resource"]["slurm.cluster.name"] == extra["cluster"]
+        assert root["attributes"]["reveal.cluster"] == extra["cluster"]
     assert root["resource"]["host.name"]
     # the root covers the telemetry (the report's run start/end) and every step
     r_steps = report["run"]["steps"]

@@ -209,8 +209,11 @@ def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict
         for k in ("windows", "threshold", "channels_in", "window_s", "stride_s"):
             if isinstance(analysis.get(k), (int, float)):
                 _put(a, f"reveal.analysis.{k}", analysis[k])
+    extra = _meta_run(meta).get("extra") or {}
     for k in ("cluster", "partition", "account", "gpus"):
-        _put(a, f"reveal.{k}", run.get(k))
+        v = run.get(k) if run.get(k) is not None else (extra.get(k) if isinstance(extra, dict)
+                                                       else None)
+        _put(a, f"reveal.{k}", v)
     return a
 
 
