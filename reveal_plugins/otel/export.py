@@ -2,8 +2,9 @@
 
 The end of a job waits on the sink hook, so :func:`send_spans` never blocks the caller for
 more than ``budget_s``: the export runs in a daemon thread whose request timeout is the budget;
-when the budget is spent the caller goes on (the report stays on disk for ``reveal otel
-export``).  The exporters' own log lines (one per retry) are captured and replaced by a single
+the caller goes on when the budget is spent or as soon as a first attempt fails (connection
+refused, an error status), while the exporter's retries finish in the background (the report
+stays on disk for ``reveal otel export``).  The exporters' own log lines (one per retry) are captured and replaced by a single
 warning naming the endpoint, logged once per endpoint and process.
 """
 from __future__ import annotations
@@ -36,7 +37,8 @@ class ExportOutcome:
     """What happened to one export (also written to ``<run_dir>/otel.json``)."""
 
     ok: bool
-    finished: bool          # False: the budget ran out before the backend answered
+    finished: bool          # False: the caller went on first (budget spent, or a first
+                            # attempt failed while the exporter's retries went on)
     seconds: float          # how long the caller waited
     spans: int
     endpoint: str
@@ -216,8 +218,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
     box: dict[str, Any] = {}
     wake = threading.Event()
     lock = threading.Lock()
-    give_up_early = budget_s is not None
-    on_error = wake.set if give_up_early else None
+    on_error = wake.set if budget_s is not None else None   # the CLI waits for the retries
 
     def outcome(finished: bool) -> ExportOutcome:
         ok = finished and box.get("result") == SpanExportResult.SUCCESS
