@@ -180,8 +180,9 @@ def test_refusing_backends(otel_clean_env, run_dir, caplog):
         g.close()
 
 
+@pytest.mark.parametrize("protocol", ["http/protobuf", "grpc"])
 def test_job_end_process_exits_promptly_with_a_hung_backend(otel_clean_env, run_dir,
-                                                            otlp_blackhole):
+                                                            otlp_blackhole, protocol):
     """What a Slurm epilog sees: the process that runs the sink exits within the budget of
     the hook call, even though the export thread is still stuck."""
     code = textwrap.dedent(f"""
@@ -192,7 +193,7 @@ def test_job_end_process_exits_promptly_with_a_hung_backend(otel_clean_env, run_
         sink.reveal_report_ready(rep, {run_dir!r}, {{}})
     """)
     env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=otlp_blackhole,
-               OTEL_EXPORTER_OTLP_PROTOCOL="grpc")
+               OTEL_EXPORTER_OTLP_PROTOCOL=protocol)
     p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=30)
     end = time.time()
