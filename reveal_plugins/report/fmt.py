@@ -230,3 +230,24 @@ def node_labels(reports: list[tuple[dict, str | None]]) -> list[str]:
         return hosts
     return [os.path.basename(os.path.normpath(d)) if d else h for h, (_, d) in
             zip(hosts, reports)]
+
+
+def top_evidence(anomaly: dict, channels: dict[str, dict] | None = None,
+                 n: int = 3) -> tuple[list[tuple[str, str, str]], int]:
+    """The ``n`` strongest evidence lines and how many more channels moved.
+
+    Lines that read the same (a partition and its disk, a stall counter and its 10 s average)
+    are shown once: the reader learns nothing from the second.
+    """
+    ev = sorted(anomaly.get("evidence") or [],
+                key=lambda e: (-abs(e.get("deviation") or 0), len(e["channel"])))
+    rows: list[tuple[str, str, str]] = []
+    seen: set[tuple[str, str]] = set()
+    for e in ev:
+        ch, change, z = evidence_line(e, channels)
+        key = (change.replace("% of time", "%"), z)
+        if change and key in seen:
+            continue
+        seen.add(key)
+        rows.append((ch, change, z))
+    return rows[:n], max(0, len(rows) - n)

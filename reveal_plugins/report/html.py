@@ -316,10 +316,11 @@ def _anomaly_table(rep: dict, view: RunView | None) -> str:
     channels = view.channels if view else None
     rows = []
     for n, a in enumerate(anomalies, 1):
-        ev = sorted(a.get("evidence") or [], key=lambda e: -abs(e.get("deviation") or 0))[:3]
+        rows, more = fmt.top_evidence(a, channels, 4)
         ev_html = "<br>".join(
             f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}</span>"
-            for c, ch, z in (fmt.evidence_line(e, channels) for e in ev))
+            for c, ch, z in rows) + (f"<br><span class='muted small'>+{more} more</span>"
+                                     if more else "")
         impact = a.get("impact")
         if impact is None and view is not None:
             impact = views.iteration_impact(view.events, a["start"], a["end"])

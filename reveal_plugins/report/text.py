@@ -180,17 +180,15 @@ def _anomaly(n: int, a: dict, rep: dict, view: RunView | None, s: Style) -> list
     it = fmt.impact_text(impact)
     if it:
         out.append(f"    {'impact':<9}{s(it, 'bold')}")
-    ev = sorted(a.get("evidence") or [], key=lambda e: -abs(e.get("deviation") or 0))
-    channels = view.channels if view else None
-    rows = [fmt.evidence_line(e, channels) for e in ev[:MAX_EVIDENCE]]
+    rows, more = fmt.top_evidence(a, view.channels if view else None, MAX_EVIDENCE)
     if rows:
         w1 = max(len(r[0]) for r in rows)
         w2 = max(len(r[1]) for r in rows)
         for i, (ch, change, z) in enumerate(rows):
             lab = "evidence" if i == 0 else ""
             out.append(f"    {lab:<9}{ch:<{w1}}  {change:<{w2}}  {s(z, 'dim')}".rstrip())
-        if len(ev) > MAX_EVIDENCE:
-            out.append(s(f"    {'':<9}… {len(ev) - MAX_EVIDENCE} more channel(s) moved", "dim"))
+        if more:
+            out.append(s(f"    {'':<9}… {more} more channel(s) moved", "dim"))
     return out
 
 
