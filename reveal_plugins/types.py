@@ -24,6 +24,9 @@ class ChannelMeta:
     kind: str
     probe: str
     description: str = ""
+    #: Set when the probe is read less often than the agent ticks (slow-moving sources): the
+    #: stored series has NaN between reads, which readers interpolate (see store.load_run).
+    sample_every_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.subsystem not in SUBSYSTEMS:
@@ -37,13 +40,16 @@ class ChannelMeta:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
+        if d["sample_every_s"] is None:
+            del d["sample_every_s"]
         d["subsystem"] = self.subsystem
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ChannelMeta":
         return cls(name=d["name"], unit=d.get("unit", ""), kind=d.get("kind", "gauge"),
-                   probe=d.get("probe", ""), description=d.get("description", ""))
+                   probe=d.get("probe", ""), description=d.get("description", ""),
+                   sample_every_s=d.get("sample_every_s"))
 
 
 @dataclass

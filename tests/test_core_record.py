@@ -39,6 +39,13 @@ def test_busy_loop_is_recorded(tmp_path):
         pq.read_table(seg)  # plain pyarrow reads every segment
     events = [e["event"] for e in r.events]
     assert events[0] == "run_start" and events[-1] == "run_end"
+    # slow-moving sources are read once a second and interpolated back to every sample
+    slow = {c["name"]: c for c in meta["channels"]}["network.tcp.InSegs"]
+    assert slow["sample_every_s"] == pytest.approx(1.0)
+    col = r.frame.column("network.tcp.InSegs")
+    assert not (col != col).any() and (col[1:] >= col[:-1]).all()
+    raw = store.read_segment(store.segment_paths(str(out))[0], ["network.tcp.InSegs"])[1][:, 0]
+    assert 0.05 < (raw == raw).mean() < 0.3  # stored: one read in ten ticks
 
 
 def test_exit_code_and_missing_command(tmp_path):

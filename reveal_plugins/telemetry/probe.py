@@ -19,6 +19,9 @@ class Probe:
     """Base class: set ``name``; implement ``open()`` and ``sample()``."""
 
     name = "probe"
+    #: Slow-moving or costly sources set this (seconds): the agent then reads them every
+    #: ``interval_s`` instead of every tick and stores NaN in between (readers interpolate).
+    interval_s: float | None = None
     #: Probes that need privileges or hardware say why they cannot work in ``reason``.
     available: bool = False
     reason: str | None = None
