@@ -129,6 +129,7 @@ class Agent:
             slow[a:b] = n > 1
         self._slow_mask = slow if slow.any() else None
         self._held = np.full(len(channels), np.nan)
+        self._read_all = True
         del pm
 
     def probe_table(self) -> list[dict[str, Any]]:
@@ -140,8 +141,9 @@ class Agent:
         (what live consumers see)."""
         row = np.full(len(self.channels), np.nan)
         tick = self.ticks
+        read_all, self._read_all = self._read_all, False
         for p, (a, b), n in zip(self.probes, self.slices, self.every):
-            if n > 1 and tick % n:
+            if n > 1 and tick % n and not read_all:
                 continue
             try:
                 vals = p.sample()
@@ -216,6 +218,7 @@ class Agent:
         self._event(st, "run_start", run_id=run.run_id, source=run.source)
         with self._lock:
             self._runs[run.run_id] = st
+            self._read_all = True  # a new run starts with every channel read
         call_safely("reveal_run_start", run=run)
         return run_dir
 
