@@ -51,6 +51,8 @@ def main(argv: list[str] | None = None) -> int:
         state = "ok" if r["available"] else "--"
         total += r["channels"]
         detail = f"{r['channels']:4d} channels" if r["available"] else f"unavailable: {r['reason']}"
+        if r.get("note"):
+            detail += f"  ({r['note']})"
         print(f"{state}  {r['name']:<{width}}  {r['scope']:<4}  {detail}")
     avail = sum(r["available"] for r in rows)
     print(f"\n{avail}/{len(rows)} probes available, {total} channels")
