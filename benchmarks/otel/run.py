@@ -4,7 +4,8 @@
    with export off (the reference), a healthy backend, and a backend that is down (connection
    refused), hung (accepts, never answers), slow (answers after 3 s) or refusing (HTTP 503 /
    gRPC UNAVAILABLE) — over OTLP/HTTP and gRPC; budget 1 s.
-2. Export time for reports with many anomalies: span building and sending to a loopback
+2. The whole ``reveal record -- true`` with export off vs the backend down / hung.
+3. Export time for reports with many anomalies: span building and sending to a loopback
    receiver, spans per second, and the ratio against building alone.
 
 Receivers are the test suite's real ones (``tests/fixtures_otlp.py``).
@@ -102,6 +103,40 @@ def bench_delay(reps: int) -> None:
         os.environ.pop(v, None)
 
 
+def bench_record(reps: int) -> None:
+    """Whole ``reveal record -- true`` wall time: export off vs backend down / hung."""
+    import subprocess
+    d = tempfile.mkdtemp(prefix="reveal-otel-bench-rec-")
+    cfgfile = os.path.join(d, "empty.toml")
+    open(cfgfile, "w").close()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "REVEAL_OTEL"))}
+    base["REVEAL_CONFIG"] = cfgfile
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)
+    cases = [("export off (reference)", {}),
+             ("http down (connection refused)",
+              {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{_free_port()}"}),
+             ("grpc hung (never answers)",
+              {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{hole.getsockname()[1]}",
+               "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc"})]
+    print(f"\n== job-end delay of `reveal record -- true` (whole command), {reps} reps ==")
+    print(f"{'case':44s} {'median s':>9s} {'max s':>8s} {'median - ref':>12s}")
+    ref = None
+    for name, extra in cases:
+        ts = []
+        for i in range(reps):
+            t = time.monotonic()
+            subprocess.run(["reveal", "record", "--out", os.path.join(d, f"{len(ts)}-{name[:4]}-{i}"),
+                            "--", "true"], env={**base, **extra}, capture_output=True,
+                           timeout=120)
+            ts.append(time.monotonic() - t)
+        med = statistics.median(ts)
+        ref = med if ref is None else ref
+        print(f"{name:44s} {med:9.3f} {max(ts):8.3f} {med - ref:12.3f}")
+    hole.close()
+
+
 def bench_size(sizes: list[int]) -> None:
     print("\n== export time for reports with many anomalies (loopback receiver) ==")
     print(f"{'protocol':13s} {'anomalies':>9s} {'spans':>6s} {'build s':>8s} {'send s':>8s} "
@@ -130,8 +165,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--sizes", default="10,100,1000,5000")
+    ap.add_argument("--record-reps", type=int, default=3,
+                    help="reps of the whole `reveal record -- true` comparison (0: skip)")
     args = ap.parse_args()
     bench_delay(args.reps)
+    if args.record_reps:
+        bench_record(args.record_reps)
     bench_size([int(x) for x in args.sizes.split(",")])
     return 0
 
