@@ -3,18 +3,22 @@
 
     python benchmarks/slurm/run.py [--jobs 50] [--ref-jobs 20]
 
-Wall times are measured by the hook wrapper scripts around the whole ``reveal slurm
-prolog|epilog`` process (interpreter start-up included), i.e. what slurmd waits for.
-Reference, measured in the same run: the same hooks with ``enabled = false`` (interpreter
-start-up + reading the configuration), so the ratio isolates what Reveal's work costs.
-Also printed: job throughput (jobs/s end to end) with and without the hooks doing work.
+Three phases, measured in the same run:
+  spank    the recommended setup: the SPANK plugin's job_prolog/job_epilog register and close
+           the job in C (time from the start of ``slurmstepd spank prolog|epilog`` to the end of
+           the callback, 10 ms resolution); the Python parts run detached;
+  scripts  slurm.conf Prolog=/Epilog= running ``reveal slurm prolog|epilog`` (time measured by
+           the wrapper script around the interpreter, i.e. what slurmd waits for);
+  ref      the same scripts with ``enabled = false``: interpreter start-up + reading the
+           configuration, the floor of any Python hook.
+Also printed: jobs/s end to end for each phase.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import pathlib
-import statistics
+import shutil
 import sys
 import tempfile
 import time
@@ -47,10 +51,24 @@ def batch(cluster: SlurmCluster, n: int) -> tuple[list[str], float]:
     return ids, time.monotonic() - t0
 
 
+def phase(c: SlurmCluster, name: str, n: int, mode: str, disabled: bool = False):
+    extra = "enabled = false\n" if disabled else ""
+    with c.hook_mode(mode), c.hook_config(c.default_hook_config + extra):
+        batch(c, 2)  # warm-up: the first job starts the node agent
+        ids, wall = batch(c, n)
+        time.sleep(1)
+    out = {"name": name, "n": n, "jobs_per_s": n / wall}
+    for hook in ("prolog", "epilog"):
+        t = c.hook_wall_times(hook)
+        out[hook] = [t[j] * 1e3 for j in ids if j in t]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--ref-jobs", type=int, default=20)
+    ap.add_argument("--keep", action="store_true", help="keep the Slurm directory (logs)")
     a = ap.parse_args()
     if os.geteuid() != 0:
         print("needs root (it starts slurmctld/slurmd)", file=sys.stderr)
@@ -64,31 +82,28 @@ def main() -> int:
     c = SlurmCluster(base)
     c.start()
     try:
-        with c.hook_config(c.default_hook_config + "enabled = false\n"):
-            ref_ids, ref_wall = batch(c, a.ref_jobs)
-        batch(c, 2)  # warm-up: the first Prolog starts the node agent
-        ids, wall = batch(c, a.jobs)
-        time.sleep(2)
-        print(f"Slurm hook wall time, {a.jobs} jobs (reference: {a.ref_jobs} jobs with "
-              "hooks disabled = interpreter start-up only)")
-        print(f"{'hook':8} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'ref p50':>8} "
-              f"{'ref p99':>8} {'p50/ref':>8} {'budget':>7} {'over':>5}")
-        for hook in ("prolog", "epilog"):
-            t = c.hook_wall_times(hook)
-            xs = [t[j] * 1e3 for j in ids if j in t]
-            rs = [t[j] * 1e3 for j in ref_ids if j in t]
-            over = sum(x > BUDGET[hook] * 1e3 for x in xs)
-            print(f"{hook:8} {pct(xs, 50):8.1f} {pct(xs, 99):8.1f} {max(xs):8.1f} "
-                  f"{pct(rs, 50):8.1f} {pct(rs, 99):8.1f} {pct(xs, 50) / pct(rs, 50):8.2f} "
-                  f"{BUDGET[hook] * 1e3:6.0f}ms {over:5d}")
-        print(f"throughput: {a.jobs / wall:.2f} jobs/s with Reveal, "
-              f"{a.ref_jobs / ref_wall:.2f} jobs/s hooks disabled "
-              f"(ratio {(a.jobs / wall) / (a.ref_jobs / ref_wall):.2f})")
-        reports = sum(os.path.exists(os.path.join(c.run_dir(j), "report.json")) for j in ids)
-        print(f"reports written: {reports}/{len(ids)}; samples in n={len(ids)} "
-              f"(median of per-job medians unaffected by the detached analysis)")
+        res = [phase(c, "ref", a.ref_jobs, "scripts", disabled=True),
+               phase(c, "spank", a.jobs, "spank"),
+               phase(c, "scripts", a.jobs, "scripts")]
     finally:
         c.stop()
+        if not a.keep:
+            shutil.rmtree(base, ignore_errors=True)
+    ref = res[0]
+    print(f"Slurm hook wall time per job (ms); load average {os.getloadavg()[0]:.1f} "
+          f"on {os.cpu_count()} CPUs")
+    print(f"{'phase':8} {'hook':7} {'n':>3} {'p50':>7} {'p99':>7} {'max':>7} "
+          f"{'p50/ref':>8} {'budget':>7} {'over':>5} {'jobs/s':>7}")
+    for r in res:
+        for hook in ("prolog", "epilog"):
+            xs = r[hook]
+            if not xs:
+                print(f"{r['name']:8} {hook:7} no samples")
+                continue
+            over = sum(x > BUDGET[hook] * 1e3 for x in xs)
+            print(f"{r['name']:8} {hook:7} {len(xs):3d} {pct(xs, 50):7.1f} {pct(xs, 99):7.1f} "
+                  f"{max(xs):7.1f} {pct(xs, 50) / pct(ref[hook], 50):8.2f} "
+                  f"{BUDGET[hook] * 1e3:5.0f}ms {over:5d} {r['jobs_per_s']:7.2f}")
     return 0
 
 
