@@ -67,7 +67,7 @@ def test_reveal_record_with_hung_backend_is_delayed_by_at_most_the_budget(tmp_pa
                       cmd=("true",))
     assert p.returncode == 0, p.stderr
     status = json.loads((out / "otel.json").read_text())
-    assert not status["ok"] and status["seconds"] < 1.35, status   # the sink's own wait
+    assert not status["ok"] and status["seconds"] < 1.5, status   # the sink's own wait
     assert p.stderr.count("OpenTelemetry export to") == 1
     assert otlp_blackhole.split("//")[1] in p.stderr
     assert (out / "report.json").is_file()

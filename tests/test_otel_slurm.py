@@ -90,9 +90,11 @@ def test_slurm_epilog_not_delayed_by_a_hung_backend_then_re_export_by_job_id(
                             f'[otel]\nendpoint = "{otlp_blackhole}"\nprotocol = "grpc"\n')
     assert job.state == "COMPLETED", job.info
     status = json.load(open(os.path.join(run_dir, "otel.json")))
-    assert not status["ok"] and status["seconds"] < 1.35, status
+    assert not status["ok"] and status["seconds"] < 1.5, status
+    # the export runs in the analysis the Epilog starts detached: the Epilog (interpreter start
+    # included, on a busy machine) never waits for it
     epilog_s = slurm_cluster.hook_wall_times("epilog").get(job.job_id)
-    assert epilog_s is not None and epilog_s < 1.5, epilog_s
+    assert epilog_s is not None and epilog_s < 2.5, epilog_s
     assert slurm_cluster.node_state() == "idle"
     # the backend is back: re-send the job by its id (run dirs found under the spool)
     from reveal_plugins.otel.cli import main
