@@ -316,11 +316,11 @@ def _anomaly_table(rep: dict, view: RunView | None) -> str:
     channels = view.channels if view else None
     rows = []
     for n, a in enumerate(anomalies, 1):
-        rows, more = fmt.top_evidence(a, channels, 4)
+        ev_rows, more = fmt.top_evidence(a, channels, 4)
         ev_html = "<br>".join(
             f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}</span>"
-            for c, ch, z in rows) + (f"<br><span class='muted small'>+{more} more</span>"
-                                     if more else "")
+            for c, ch, z in ev_rows) + (f"<br><span class='muted small'>+{more} more</span>"
+                                        if more else "")
         impact = a.get("impact")
         if impact is None and view is not None:
             impact = views.iteration_impact(view.events, a["start"], a["end"])
