@@ -351,10 +351,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
     def _write_mode_files(self, mode: str, spank_args: str | None = None) -> None:
         """slurm.conf and plugstack.conf for a hook mode (see :meth:`hook_mode`)."""
         b = self.base
-        # Slurm 22.05 runs the SPANK job_prolog/job_epilog only when a Prolog/Epilog is
-        # configured at all: in spank mode it is /bin/true.
         hook_lines = (f"Prolog={b}/hooks/prolog\nEpilog={b}/hooks/epilog\n"
-                      if mode == "scripts" else "Prolog=/bin/true\nEpilog=/bin/true\n")
+                      if mode == "scripts" else "")
         with open(self.conf, "w") as f:
             f.write(self._conf_template.replace("{hook_lines}", hook_lines))
         args = spank_args if spank_args is not None else f"spool={self.spool}"
