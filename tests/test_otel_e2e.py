@@ -29,7 +29,7 @@ def test_reveal_record_produces_one_trace(tmp_path, otlp_http):
     empty.write_text("")
     out = tmp_path / "run"
     p, _ = _record(out, _env(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_http.endpoint,
-                             REVEAL_CONFIG=str(empty)))
+                             REVEAL_CONFIG=str(empty), REVEAL_OTEL_BUDGET_S="5"))
     assert p.returncode == 3, p.stderr               # CMD's exit code passes through
     meta = json.loads((out / "meta.json").read_text())
     report = json.loads((out / "report.json").read_text())
@@ -89,7 +89,7 @@ def test_reveal_torchrun_produces_one_trace(tmp_path, otlp_grpc):
     empty.write_text("")
     out = tmp_path / "run"
     env = _env(OTEL_EXPORTER_OTLP_ENDPOINT=otlp_grpc.endpoint, OTEL_EXPORTER_OTLP_PROTOCOL="grpc",
-               REVEAL_CONFIG=str(empty), PYTHONUNBUFFERED="1")
+               REVEAL_CONFIG=str(empty), PYTHONUNBUFFERED="1", REVEAL_OTEL_BUDGET_S="5")
     env.pop("SLURM_JOB_ID", None)
     p = subprocess.run([sys.executable, "-m", "reveal_plugins.torch_ext.launcher",
                         "--reveal-out", str(out), "--reveal-interval", "0.2", "--standalone",

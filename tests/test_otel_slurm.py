@@ -47,7 +47,7 @@ def _run_job(cluster, user, otel_toml):
 
 def test_slurm_job_produces_one_trace(slurm_cluster, slurm_users, otlp_http):
     job, run_dir = _run_job(slurm_cluster, slurm_users[0],
-                            f'[otel]\nendpoint = "{otlp_http.endpoint}"\n')
+                            f'[otel]\nendpoint = "{otlp_http.endpoint}"\nbudget_s = 5\n')
     assert job.state == "COMPLETED", job.info
     report = json.load(open(os.path.join(run_dir, "report.json")))
     meta = json.load(open(os.path.join(run_dir, "meta.json")))
