@@ -273,3 +273,17 @@ def test_retry_that_succeeds_after_the_caller_went_on_corrects_the_status(otel_c
         assert read_status(run_dir)["ok"] and r.refused == 1
     finally:
         r.close()
+
+
+def test_detached_caller_waits_for_a_slow_backend(otel_clean_env, run_dir):
+    """config["detached"] (the Slurm Epilog's background analysis): nobody waits on it, so a
+    backend answering after 1.5 s still gets the trace at the first try."""
+    slow = OtlpHttpReceiver(delay_s=1.5)
+    try:
+        otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", slow.endpoint)
+        t = time.monotonic()
+        sink.reveal_report_ready(_report(run_dir), run_dir, {"detached": True})
+        assert 1.4 < time.monotonic() - t < 5
+        assert read_status(run_dir)["ok"]
+    finally:
+        slow.close()
