@@ -96,12 +96,12 @@ def symptoms(dev: np.ndarray, names: list[str], min_dev: float, observed: np.nda
     return [int(i) for i in idx[np.argsort(-np.abs(dev[idx]))]]
 
 
-def reference(means: np.ndarray, rows: np.ndarray, floors: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
+def reference(means: np.ndarray, rows: np.ndarray, floors: np.ndarray,
+              rel: float | np.ndarray = 0.02) -> tuple[np.ndarray, np.ndarray]:
     """Reference level and spread of every channel over the given (normal) windows."""
     if rows.sum() < 3:
         rows = np.ones(len(means), bool)
-    return robust_center_scale(means[rows].astype(np.float64), floors)
+    return robust_center_scale(means[rows].astype(np.float64), floors, rel)
 
 
 def deviations(observed: np.ndarray, center: np.ndarray, scale: np.ndarray) -> np.ndarray:

@@ -38,3 +38,23 @@ def span(first: int, last: int, mid: np.ndarray, stride_s: float) -> tuple[float
     stride (a window flags once about half of it overlaps the anomaly, so its centre is the
     best onset estimate)."""
     return float(mid[first] - stride_s / 2), float(mid[last] + stride_s / 2)
+
+
+def hysteresis(score: np.ndarray, ok: np.ndarray, high: float, low: float) -> np.ndarray:
+    """Windows flagged with two thresholds: a run of consecutive windows scoring >= ``low``
+    is flagged when at least one of them scores >= ``high`` (the usual double threshold: the
+    onset and the tail of an anomaly score lower than its core)."""
+    ext = ok & (score >= low)
+    out = np.zeros(len(score), bool)
+    i, n = 0, len(score)
+    while i < n:
+        if not ext[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and ext[j]:
+            j += 1
+        if (score[i:j] >= high).any():
+            out[i:j] = True
+        i = j
+    return out

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..types import ChannelMeta
 from . import attribution as attr
-from .features import channel_floors, robust_center_scale
+from .features import channel_floors, rel_floors, robust_center_scale
 from .prepare import add_derived, to_rates
 from .windows import sliding_windows
 
@@ -95,6 +95,7 @@ class LiveAnalyzer:
         X, names, units = add_derived(X, names, units)
         if self._names != names:
             self._names, self._floors = names, channel_floors(names, units)
+            self._rels = rel_floors(units)
             self._units = units
             self._mask = attr.symptom_mask(names)
         # Windows on a grid anchored at the run's first sample, so starts are stable.
@@ -109,7 +110,7 @@ class LiveAnalyzer:
                & ~np.isin(np.round(win.start, 3), list(self._flagged)))
         if ref.sum() < cfg["min_reference"]:
             return []
-        center, scale = robust_center_scale(means[ref], self._floors)
+        center, scale = robust_center_scale(means[ref], self._floors, self._rels)
         new = win.valid & (win.end > self._last_end + 1e-9) & (win.end <= now + 1e-9)
         out: list[dict] = []
         for i in np.nonzero(new)[0]:

@@ -19,12 +19,12 @@ import numpy as np
 from ..types import ChannelMeta
 from . import attribution as attr
 from .detectors import builtin_detectors, fuse, normalize
-from .events import group, span
-from .features import channel_floors, feature_floors, feature_matrix, fit_scaler
+from .events import group, hysteresis, span
+from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
 from .prepare import Prepared, informative, load_prepared, prepare
 from .prune import prune
 from .report import empty_report, run_section, summary, telemetry_section, SCHEMA
-from .windows import windows_pieces as sliding_windows
+from .windows import STATS, windows_pieces as sliding_windows
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,8 @@ DEFAULTS: dict[str, Any] = {
     "window_s": 3.0,          # window length (paper: 3 s)
     "stride_s": 1.0,          # window stride (paper: 1 s)
     "prune_threshold": 0.5,   # |r| above which correlated channels are pruned (paper: 0.5)
-    "threshold": 5.0,         # fused score (robust sigmas of the detectors' own scores)
+    "threshold": 4.0,         # fused score (robust sigmas of the detectors' own scores)
+    "low_fraction": 0.5,      # neighbours of a flagged window down to this share of it join
     "min_windows": 3,         # flagged windows an event needs
     "gap_s": 3.0,             # flagged windows closer than this merge into one event
     "warmup_s": 10.0,         # start of every run/step: interpreter start-up, data loading
@@ -178,6 +179,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         return out
     means = win.stats["mean"]
     floors = channel_floors(P.names, P.units)
+    rels = rel_floors(P.units)
     det_cols = np.nonzero(keep)[0]
     base_cols = np.zeros(0, np.intp)
     if baseline is not None:
@@ -193,7 +195,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
                          "there is nothing to detect within the run")
     else:
         Md = means[fitrows][:, det_cols].astype(np.float64)
-        c0, s0 = attr.reference(Md, np.ones(len(Md), bool), floors[det_cols])
+        c0, s0 = attr.reference(Md, np.ones(len(Md), bool), floors[det_cols], rels[det_cols])
         with np.errstate(invalid="ignore"):
             reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
         kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"],
@@ -203,7 +205,9 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
                                 P.interval_s)
         F = feature_matrix(wfull)
         del wfull
-        scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows)
+        wide = np.array([s != "mean" for s in STATS] * len(mcols))
+        scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows,
+                            np.repeat(rels[mcols], len(STATS)), wide)
         Z = scaler.transform(F)
         del F
         # Fit on the core of the run: the windows nearest the centre (by feature norm).  An
@@ -224,7 +228,8 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
                 out.notes.append(f"detector {getattr(d, 'name', d)!r} failed: "
                                  f"{type(e).__name__}: {e}")
         fused = fuse(normed) if normed else np.zeros(m)
-        flag_self = valid & ~supp & (fused >= cfg["threshold"])
+        flag_self = hysteresis(fused, valid & ~supp, cfg["threshold"],
+                               cfg["threshold"] * cfg["low_fraction"])
         out.analysis.update({"detectors": names, "channels_analysed": int(len(det_cols)),
                              "channels_modelled": int(len(mcols)), "pruned": len(rep)})
     bscore = np.zeros(m)
@@ -243,7 +248,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     normal = valid & ~near & ~supp
     if normal.sum() < 5:
         normal = valid & ~flag
-    center, scale = attr.reference(means, normal, floors)
+    center, scale = attr.reference(means, normal, floors, rels)
     spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
     smask = attr.symptom_mask(P.names)
     anomalies: list[dict] = []
