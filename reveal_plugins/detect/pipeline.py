@@ -222,7 +222,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
             try:
                 d.fit(Z[core])
                 s = np.asarray(d.score_samples(Z), dtype=np.float64)
-                normed.append(normalize(s, s[fitrows], float(getattr(d, "score_floor", 1e-6))))
+                normed.append(normalize(s, s[core], float(getattr(d, "score_floor", 1e-6))))
                 names.append(getattr(d, "name", type(d).__name__))
             except Exception as e:  # one broken detector must not cost the analysis
                 out.notes.append(f"detector {getattr(d, 'name', d)!r} failed: "
