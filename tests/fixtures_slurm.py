@@ -303,9 +303,9 @@ class SlurmCluster:
                         f"{hook_command(hook, py)}\n"
                         "rc=$?\n"
                         "t1=$(date +%s%N)\n"
-                        f'echo "${{REVEAL_SPANK_DETACHED:+detached-}}{hook} $SLURM_JOB_ID '
+                        f'{{ echo "${{REVEAL_SPANK_DETACHED:+detached-}}{hook} $SLURM_JOB_ID '
                         f'$(( (t1 - t0) / 1000 )) $rc" >> '
-                        f"{self.hook_times}\n"
+                        f"{self.hook_times}; }} 2>/dev/null\n"
                         "exit $rc\n")
             os.chmod(p, 0o755)
         with open(self.hook_config_path, "w") as f:
@@ -352,14 +352,17 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
         """slurm.conf and plugstack.conf for a hook mode (see :meth:`hook_mode`)."""
         b = self.base
         hook_lines = (f"Prolog={b}/hooks/prolog\nEpilog={b}/hooks/epilog\n"
-                      if mode == "scripts" else "")
+                      if mode in ("scripts", "tasks") else "")
+        if mode == "tasks":
+            hook_lines += f"TaskProlog={b}/hooks/task-prolog\nTaskEpilog={b}/hooks/task-epilog\n"
         with open(self.conf, "w") as f:
             f.write(self._conf_template.replace("{hook_lines}", hook_lines))
         args = spank_args if spank_args is not None else f"spool={self.spool}"
         if mode == "spank" and "hooks=" not in args:
             args += f" hooks={b}/hooks timing={self.hook_times}"
         with open(os.path.join(b, "etc", "plugstack.conf"), "w") as f:
-            f.write(f"optional {self.spank_so} {args}\n")
+            if mode != "tasks":  # tasks: no SPANK plugin at all, TaskProlog/TaskEpilog instead
+                f.write(f"optional {self.spank_so} {args}\n")
         self.mode = mode
 
     @contextlib.contextmanager
@@ -368,7 +371,8 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
 
         ``spank`` (the default, recommended): the SPANK plugin's job_prolog/job_epilog do it in
         C and run the Python hooks detached.  ``scripts``: slurm.conf Prolog=/Epilog= run
-        ``reveal slurm prolog|epilog`` (sites without the SPANK plugin).
+        ``reveal slurm prolog|epilog`` and the plugin only reports steps.  ``tasks``: no SPANK
+        plugin; Prolog/Epilog plus TaskProlog/TaskEpilog scripts report the steps.
         """
         old = self.mode
         self._write_mode_files(mode)

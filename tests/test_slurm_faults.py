@@ -136,6 +136,11 @@ def test_agent_killed_mid_job_then_recovers(cluster, slurm_users):
     # The next job starts a fresh agent and is recorded again.
     job2 = cluster.run_batch("#!/bin/sh\nsleep 1\nsrun true\n", user=user)
     assert job2.state == "COMPLETED"
+    report = os.path.join(cluster.run_dir(job2.job_id), "report.json")
+    deadline = time.monotonic() + 90  # the new agent may close the run after the job ended
+    while not os.path.exists(report):
+        assert time.monotonic() < deadline, cluster.hook_log_since(off)[-2000:]
+        time.sleep(0.2)
     meta = json.load(open(os.path.join(cluster.run_dir(job2.job_id), "meta.json")))
     assert "0" in {s["step_id"] for s in meta["steps"]}
     assert cluster.agent_pid() not in (None, pid)

@@ -173,8 +173,31 @@ def test_scripts_mode_records_steps_too(slurm_cluster, slurm_users):
     with slurm_cluster.hook_mode("scripts"):
         job = slurm_cluster.run_batch("#!/bin/sh\nsrun true\nsrun true\n", user=slurm_users[0])
         assert job.state == "COMPLETED" and slurm_cluster.node_state() == "idle"
+    # (On a cold node the agent may still be starting: the report comes once it closed the run.)
+    assert wait_file(os.path.join(slurm_cluster.run_dir(job.job_id), "report.json"))
     meta = json.load(open(os.path.join(slurm_cluster.run_dir(job.job_id), "meta.json")))
     assert "registered_by" not in meta["run"]["extra"]
     assert {"0", "1", "batch"} <= {s["step_id"] for s in meta["steps"]}
     assert job.job_id in slurm_cluster.hook_wall_times("prolog")
-    assert wait_file(os.path.join(slurm_cluster.run_dir(job.job_id), "report.json"))
+
+
+def test_task_hooks_mode_without_spank(slurm_cluster, slurm_users):
+    """Sites that load no SPANK plugin: TaskProlog/TaskEpilog (as the job user) mark steps."""
+    user = slurm_users[0]
+    with slurm_cluster.hook_mode("tasks"):
+        # Task hooks run as the user and cannot queue requests for an agent still starting
+        # (only root's queued requests count): make sure one runs, as a service would.
+        slurm_cluster.run_batch("#!/bin/sh\ntrue\n")
+        job = slurm_cluster.run_batch("#!/bin/sh\nsrun -n2 sh -c 'echo RUN=$REVEAL_RUN_ID'\n"
+                                      "srun true\n", user=user, args=("-n2",))
+        assert job.state == "COMPLETED" and slurm_cluster.node_state() == "idle"
+    assert f"RUN=slurm-{job.job_id}" in slurm_cluster.job_output(job, user)
+    run_dir = slurm_cluster.run_dir(job.job_id)
+    assert wait_file(os.path.join(run_dir, "report.json"))
+    events = [json.loads(line) for line in open(os.path.join(run_dir, "events.jsonl"))]
+    starts = [e["step_id"] for e in events if e["event"] == "step_start"]
+    # once per step on the node (local task 0 only), sent over the socket as the job's user
+    assert sorted(starts) == ["0", "1", "batch"], events
+    assert all(e.get("source") == "task-hook" for e in events if e["event"] == "step_start")
+    meta = json.load(open(os.path.join(run_dir, "meta.json")))
+    assert {s["step_id"] for s in meta["steps"]} == {"0", "1", "batch"}

@@ -66,6 +66,8 @@ def log(hook: str, level: str, msg: str, job: str | None = None) -> None:
             return
         except OSError:
             pass
+    elif level == "INFO":
+        return  # user-side hooks: only problems go to the job's stderr
     try:
         sys.stderr.write(line)
         sys.stderr.flush()
@@ -167,6 +169,17 @@ def queue_pending(spool: str, req: dict[str, Any]) -> str:
     finally:
         os.close(dfd)
     return os.path.join(pend, name)
+
+
+def _agent_starting(spool: str) -> bool:
+    """True when the agent a hook started for ``spool`` is alive (but not answering yet)."""
+    try:
+        with open(os.path.join(spool, ".agent-starter")) as f:
+            pid = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return b"reveal_plugins.telemetry.agent" in f.read()
+    except (OSError, ValueError):
+        return False
 
 
 def start_agent_detached(spool: str, interval_s: float) -> int | None:
@@ -341,11 +354,18 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
         wait_closed = True
         log("epilog", "WARNING", f"{e}; the analysis waits for the agent to close the run", job)
     except AgentUnreachable as e:
-        log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; analysing what "
-                               f"is on disk in {run_dir}", job)
+        if _agent_starting(spool):
+            # Cold start: the agent is still coming up with this job's queued registration.
+            queue_pending(spool, req)
+            wait_closed = True
+            log("epilog", "WARNING", f"{e}; the agent is still starting: queued the unregister, "
+                                     "the analysis waits for it", job)
+        else:
+            log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; analysing "
+                                   f"what is on disk in {run_dir}", job)
     if cfg.analysis == "off":
         return
-    if not os.path.isfile(os.path.join(run_dir, "meta.json")):
+    if not wait_closed and not os.path.isfile(os.path.join(run_dir, "meta.json")):
         log("epilog", "ERROR", f"no telemetry for job {job}: {run_dir}/meta.json is missing",
             job)
         return
