@@ -98,14 +98,15 @@ def _stop_pid(pid: int | None, timeout: float = 10.0) -> None:
 
 def _ensure_installed() -> str | None:
     """Install the Slurm packages if a binary is missing; return a skip reason or None."""
-    need = ("slurmctld", "slurmd", "sbatch", "munged")
+    need = ("slurmctld", "slurmd", "sbatch", "munged", "gcc")
     if all(shutil.which(b) or os.path.exists(f"/usr/sbin/{b}") for b in need) and \
             os.path.exists("/usr/include/slurm/spank.h"):
         return None
     if shutil.which("apt-get") is None:
         return "Slurm is not installed and apt-get is unavailable"
     env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *SLURM_PACKAGES]
+    pkgs = SLURM_PACKAGES + ([] if shutil.which("gcc") else ["gcc", "libc6-dev"])
+    cmd = ["apt-get", "install", "-y", "--no-install-recommends", *pkgs]
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
     if r.returncode != 0:
         subprocess.run(["apt-get", "update"], capture_output=True, env=env, timeout=600)

@@ -194,3 +194,25 @@ def test_squeue_json_parsing_both_number_styles():
 def test_job_info_rejects_bad_ids():
     with pytest.raises(ValueError, match="invalid Slurm job id"):
         jobinfo.job_info("1; rm -rf /")
+
+
+def test_install_hooks_writes_runnable_wrappers(tmp_path):
+    d = tmp_path / "hooks"
+    r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "slurm", "install-hooks",
+                        "--dir", str(d), "--config", str(tmp_path / "c.toml"),
+                        "--log", str(tmp_path / "h.log")], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert f"Prolog={d}/prolog" in r.stdout and f"Epilog={d}/epilog" in r.stdout
+    for hook in ("prolog", "epilog", "task-prolog", "task-epilog"):
+        assert os.access(d / hook, os.X_OK)
+    (tmp_path / "c.toml").write_text(f'spool = "{tmp_path}/spool"\n')
+    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "5", "SLURM_LOCALID": "0"}
+    # Slurm runs the script with its own minimal environment: the wrapper must be enough.
+    r = subprocess.run([str(d / "task-prolog")], capture_output=True, text=True, env=env,
+                       timeout=30)
+    assert r.returncode == 0 and r.stdout.strip() == "export REVEAL_RUN_ID=slurm-5"
+    r = subprocess.run([str(d / "prolog")], capture_output=True, text=True,
+                       env={"PATH": "/usr/bin:/bin"}, timeout=30)
+    assert r.returncode == 0
+    assert "SLURM_JOB_ID=''" in (tmp_path / "h.log").read_text()

@@ -511,9 +511,10 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 		     "\"source\": \"slurm\", \"host\": \"%s\", \"job_id\": \"%u\", "
 		     "\"run_dir\": \"%s/jobs/%u/%s\", \"user\": %s, \"uid\": %u, \"gid\": %s, "
 		     "\"gpus\": %s, \"extra\": {\"partition\": \"%s\", "
-		     "\"registered_by\": \"spank\"}}}\n",
+		     "\"registered_by\": \"spank\"%s}}}\n",
 		     jid, host, jid, spool, jid, host, user_json, (unsigned) uid, gid_json,
-		     gpus_json, part) >= (int) sizeof(json)) {
+		     gpus_json, part, default_mode == MODE_LIVE ? ", \"live\": true" : "")
+	    >= (int) sizeof(json)) {
 		slurm_error("reveal: job_prolog: request too long; job %u not recorded", jid);
 		return 0;
 	}
