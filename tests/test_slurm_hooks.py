@@ -12,7 +12,7 @@ import pytest
 
 from reveal_plugins.slurm import jobinfo
 from reveal_plugins.slurm.config import ConfigError, load_config, parse_mode
-from reveal_plugins.slurm.spank_build import build, plugstack_line
+from reveal_plugins.slurm.spank_build import plugstack_line
 
 
 def run_hook(hook, tmp_path, config_text=None, env_extra=None, timeout=10):
