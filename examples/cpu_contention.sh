@@ -29,19 +29,40 @@ OUT="${OUT:-reveal-runs/cpu-contention-$(date +%Y%m%d-%H%M%S)}"
 for c in reveal stress-ng python3; do
     command -v "$c" >/dev/null || { echo "cpu_contention.sh: '$c' not found (see the header)" >&2; exit 1; }
 done
-PY=python3
 if [[ -e "$OUT" ]]; then echo "cpu_contention.sh: $OUT exists; set OUT to a new path" >&2; exit 1; fi
 
-# The noisy neighbour: not part of the recorded command, as on a shared node.
-( sleep "$STRESS_AT"; exec stress-ng --cpu "$HOGS" --timeout "${STRESS_FOR}s" --quiet ) &
-NOISE=$!
-trap 'kill "$NOISE" 2>/dev/null || true' EXIT
+# Marks the run's events.jsonl (a "note" event): the HTML timelines show it as a dotted line.
+note() {
+    python3 -c 'import sys; from reveal_plugins.telemetry.store import append_event
+append_event(sys.argv[1], "note", message=sys.argv[2])' "$OUT" "$1" 2>/dev/null || true
+}
 
-echo "== recording ${SECONDS_TOTAL}s of training; stress-ng --cpu $HOGS from +${STRESS_AT}s for ${STRESS_FOR}s"
+# The noisy neighbour: not part of the recorded command, as on a shared node.  It starts
+# STRESS_AT seconds after the first training step (torch's import time varies a lot).
+NOISE_PID="$(mktemp)"
+noise() {
+    ( sleep "$STRESS_AT"
+      note "injected: stress-ng --cpu $HOGS for ${STRESS_FOR}s"
+      stress-ng --cpu "$HOGS" --timeout "${STRESS_FOR}s" --quiet
+      note "injected: stress-ng stopped" ) &
+    echo $! > "$NOISE_PID"
+}
+cleanup() {
+    local p; p="$(cat "$NOISE_PID" 2>/dev/null)"
+    [[ -n "$p" ]] && { pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; } || true
+    rm -f "$NOISE_PID"
+}
+trap cleanup EXIT
+
+echo "== recording ${SECONDS_TOTAL}s of training; stress-ng --cpu $HOGS from +${STRESS_AT}s (after the first step) for ${STRESS_FOR}s"
 set +e
-reveal record --out "$OUT" -- "$PY" examples/train.py --model "$MODEL" --threads "$THREADS" \
-    --seconds "$SECONDS_TOTAL" --log-every 0
-rc=$?
+PYTHONUNBUFFERED=1 reveal record --out "$OUT" -- python3 examples/train.py --model "$MODEL" \
+    --threads "$THREADS" --seconds "$SECONDS_TOTAL" --log-every 0 |
+    while IFS= read -r line; do
+        printf '%s\n' "$line"
+        if [[ -z "${started:-}" && "$line" == "train.py: model="* ]]; then started=1; noise; fi
+    done
+rc=${PIPESTATUS[0]}
 set -e
 reveal report "$OUT" --format html --out "$OUT/report.html" || echo "(HTML report skipped)" >&2
 echo "== text summary again: reveal report $OUT   ·   plots: $OUT/report.html"

@@ -41,17 +41,39 @@ case "$MODE" in
     *) echo "io_pressure.sh: MODE must be io or memory, got '$MODE'" >&2; exit 2 ;;
 esac
 
-( sleep "$STRESS_AT"; exec "${STRESS[@]}" ) &
-NOISE=$!
-cleanup() { kill "$NOISE" 2>/dev/null || true; wait "$NOISE" 2>/dev/null || true
-            [[ -n "$SCRATCH" ]] && rm -rf "$SCRATCH"; }
+# Marks the run's events.jsonl (a "note" event): the HTML timelines show it as a dotted line.
+note() {
+    python3 -c 'import sys; from reveal_plugins.telemetry.store import append_event
+append_event(sys.argv[1], "note", message=sys.argv[2])' "$OUT" "$1" 2>/dev/null || true
+}
+
+# The pressure starts STRESS_AT seconds after the first training step, outside the job.
+NOISE_PID="$(mktemp)"
+noise() {
+    ( sleep "$STRESS_AT"
+      note "injected: ${STRESS[*]:0:3} for ${STRESS_FOR}s"
+      "${STRESS[@]}"
+      note "injected: stress-ng stopped" ) &
+    echo $! > "$NOISE_PID"
+}
+cleanup() {
+    local p; p="$(cat "$NOISE_PID" 2>/dev/null)"
+    [[ -n "$p" ]] && { pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; } || true
+    rm -f "$NOISE_PID"
+    [[ -n "$SCRATCH" ]] && rm -rf "$SCRATCH"
+    return 0
+}
 trap cleanup EXIT
 
-echo "== recording ${SECONDS_TOTAL}s of training; ${STRESS[*]:0:3} from +${STRESS_AT}s for ${STRESS_FOR}s"
+echo "== recording ${SECONDS_TOTAL}s of training; ${STRESS[*]:0:3} from +${STRESS_AT}s (after the first step) for ${STRESS_FOR}s"
 set +e
-reveal record --out "$OUT" -- python3 examples/train.py --model "$MODEL" --threads "$THREADS" \
-    --seconds "$SECONDS_TOTAL" --log-every 0
-rc=$?
+PYTHONUNBUFFERED=1 reveal record --out "$OUT" -- python3 examples/train.py --model "$MODEL" \
+    --threads "$THREADS" --seconds "$SECONDS_TOTAL" --log-every 0 |
+    while IFS= read -r line; do
+        printf '%s\n' "$line"
+        if [[ -z "${started:-}" && "$line" == "train.py: model="* ]]; then started=1; noise; fi
+    done
+rc=${PIPESTATUS[0]}
 set -e
 reveal report "$OUT" --format html --out "$OUT/report.html" || echo "(HTML report skipped)" >&2
 echo "== text summary again: reveal report $OUT   ·   plots: $OUT/report.html"

@@ -71,9 +71,19 @@ for _ in $(seq 240); do
 done
 echo "== DDP on 2 namespaces for ${SECONDS_TOTAL}s; link limited to $RATE from +${SLOW_AT}s for ${SLOW_FOR}s"
 sleep "$SLOW_AT"
+note() {  # a "note" event in every node's run directory: a dotted line in the HTML timelines
+    local d
+    for d in "$OUT"/*/; do
+        [[ -f "$d/meta.json" ]] || continue
+        python3 -c 'import sys; from reveal_plugins.telemetry.store import append_event
+append_event(sys.argv[1], "note", message=sys.argv[2])' "$d" "$1" 2>/dev/null || true
+    done
+}
 "$PAIR" slow "$RATE"
+note "injected: link limited to $RATE"
 sleep "$SLOW_FOR"
 "$PAIR" restore
+note "injected: link restored"
 
 rc=0
 for p in "${PIDS[@]}"; do wait "$p" || rc=$?; done

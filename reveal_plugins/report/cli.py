@@ -102,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
             color = {"always": True, "never": False}.get(args.color)
             if color is None and args.out not in (None, "-"):
                 color = False
-            _write(render_job_text(reports, job_id, color=color), args.out)
+            if any(d for _, d in reports):
+                progress.update("reading telemetry")
+            text = render_job_text(reports, job_id, color=color)
+            progress.done()
+            _write(text, args.out)
     except (load.ReportError, StoreError, OSError, ValueError) as e:
         progress.done()
         print(f"reveal report: {e}", file=sys.stderr)

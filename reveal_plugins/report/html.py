@@ -11,6 +11,7 @@ import datetime
 import html as _html
 import io
 import math
+import os
 import re
 from typing import Any
 
@@ -125,7 +126,7 @@ class Panel:
 
 
 def _figure(panels: list[Panel], anomalies: list[tuple[int, dict]], t0: float, t_end: float,
-            own: str, steps: list[dict]):
+            own: str, steps: list[dict], notes: list[tuple[float, str]] = ()):
     import matplotlib
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
@@ -162,6 +163,14 @@ def _figure(panels: list[Panel], anomalies: list[tuple[int, dict]], t0: float, t
                                   "alpha": 0.85})
         for st in steps[1:]:
             ax.axvline(st["start"] - t0, color="#888", linestyle=":", linewidth=0.8)
+        for tn, msg in notes:
+            ax.axvline(tn - t0, color="#555", linestyle=(0, (1, 2)), linewidth=0.9)
+            if k == len(panels) - 1:
+                ax.annotate(msg if len(msg) <= 48 else msg[:47] + "…", xy=(tn - t0, 0.0),
+                            xycoords=("data", "axes fraction"), xytext=(2, 2),
+                            textcoords="offset points", fontsize=7, color="#444",
+                            bbox={"boxstyle": "round,pad=0.1", "fc": "white", "ec": "none",
+                                  "alpha": 0.8})
     axes[-1].set_xlim(0, max(t_end - t0, 1e-3))
     axes[-1].xaxis.set_major_formatter(FuncFormatter(_mmss))
     axes[-1].xaxis.set_major_locator(MaxNLocator(10))
@@ -214,10 +223,12 @@ def _figures(rep: dict, view: RunView, prefix: str, progress: Progress) -> list[
     todo += [(g, groups[g]) for g in order]
     out = []
     steps = rep["run"].get("steps") or []
+    notes = [(float(e["t"]), str(e.get("message", ""))) for e in view.events
+             if e.get("event") == "note" and t0 <= float(e["t"]) <= t_end][:20]
     for i, (sub, panels) in enumerate(todo, 1):
         progress.update("drawing timelines", i, len(todo))
         with plt.rc_context(RC):  # also around savefig, which reads svg.* settings
-            fig = _figure(panels, anomalies, t0, t_end, sub, steps)
+            fig = _figure(panels, anomalies, t0, t_end, sub, steps, notes)
             try:
                 svg = _svg(fig, f"{prefix}{sub}-")
             finally:
@@ -416,7 +427,8 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
     parts.append(_hints(rep))
     if view is not None and len(view.frame.t) >= 2:
         parts.append("<h3>Timelines</h3><p class='muted small'>Shaded: anomalous windows "
-                     "(darker in the subsystem they were attributed to). Lines are means over "
+                     "(darker in the subsystem they were attributed to); dotted lines: notes "
+                     "from the run's events (e.g. an injected fault). Lines are means over "
                      "display bins, bands the min–max within each bin.</p>")
         for sub, cap, svg in _figures(rep, view, f"n{idx}-", progress):
             parts.append(f"<figure class=timeline data-subsystem='{esc(sub)}'>"
@@ -443,8 +455,14 @@ def _page(title: str, body: str) -> str:
 def _title(reports: list[tuple[dict, str | None]], job_id: str | None) -> str:
     rep = reports[0][0]
     run = rep["run"]
-    who = f"job {job_id or run.get('job_id')}" if (job_id or run.get("job_id")) else \
-        (fmt.command_text(run.get("command"))[:60] or "run")
+    if job_id or run.get("job_id"):
+        who = f"job {job_id or run.get('job_id')}"
+    elif run.get("run_id"):
+        who = f"run {run['run_id']}"
+    elif reports[0][1]:
+        who = f"run {os.path.basename(os.path.normpath(reports[0][1]))}"
+    else:
+        who = "run"
     nodes = fmt.node_labels(reports)
     return f"Reveal report — {who} on {', '.join(nodes[:3])}{'…' if len(nodes) > 3 else ''}"
 
