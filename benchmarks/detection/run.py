@@ -56,9 +56,9 @@ def stress_cmd(kind: str, length: float, tmp: str) -> list[str]:
 def scenarios(smoke: bool, seconds: float, net: bool) -> list[dict]:
     if smoke:
         return [{"name": "smoke-mlp-cpu", "model": "mlp", "seconds": 60,
-                 "inject": [("cpu", 28, 15)]},
+                 "inject": [("cpu", 20, 15)]},
                 {"name": "smoke-clean", "model": "mlp", "seconds": 45, "inject": []}]
-    a, b, L = 0.3 * seconds, 0.66 * seconds, 0.2 * seconds
+    a, b, L = 0.25 * seconds, 0.6 * seconds, 0.2 * seconds
     sc = [
         {"name": "mlp-cpu-memhog", "model": "mlp", "inject": [("cpu", a, L), ("memhog", b, L)]},
         {"name": "cnn-cache-disk", "model": "cnn", "inject": [("cache", a, L), ("disk", b, L)]},
@@ -135,11 +135,28 @@ def record(sc: dict, out: str, log) -> dict:
     injections: list[dict] = []
     procs: list[subprocess.Popen] = []
     t_launch = time.time()
-    rec = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    rec = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    started = threading.Event()
+    t_train = [t_launch]
+
+    def pump() -> None:
+        # Injection times count from the moment training starts (train.py prints its
+        # "train.py: model=..." line after imports and process-group set-up, which take
+        # anything from 3 s to 30 s on a busy 2-core node).
+        for line in iter(rec.stdout.readline, b""):
+            log.write(line)
+            if not started.is_set() and line.startswith(b"train.py: model="):
+                t_train[0] = time.time()
+                started.set()
+        started.set()
+
+    pt = threading.Thread(target=pump, daemon=True)
+    pt.start()
 
     def inject() -> None:
+        started.wait(timeout=120)
         for kind, off, length in sorted(sc["inject"], key=lambda x: x[1]):
-            delay = t_launch + off - time.time()
+            delay = t_train[0] + off - time.time()
             if delay > 0:
                 time.sleep(delay)
             if rec.poll() is not None:
@@ -164,6 +181,7 @@ def record(sc: dict, out: str, log) -> dict:
     th = threading.Thread(target=inject, daemon=True)
     th.start()
     rc = rec.wait()
+    pt.join(timeout=10)
     th.join(timeout=60)
     for p in procs:
         if p.poll() is None:
@@ -175,7 +193,8 @@ def record(sc: dict, out: str, log) -> dict:
         net_slow(False)
         net_down()
     shutil.rmtree(tmp, ignore_errors=True)
-    labels = {"scenario": sc, "record_rc": rc, "launched": t_launch, "injections": injections}
+    labels = {"scenario": sc, "record_rc": rc, "launched": t_launch, "training_started": t_train[0],
+              "injections": injections}
     with open(os.path.join(rd, "labels.json"), "w") as f:
         json.dump(labels, f, indent=1)
     return labels

@@ -28,9 +28,10 @@ class BaselineError(ValueError):
 
 def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                  name: str | None = None) -> dict[str, Any]:
-    from ..telemetry.store import load_run
+    from ..telemetry import store
+    from ..types import ChannelMeta
     from .pipeline import _boundaries, _config, _suppressed
-    from .prepare import prepare
+    from .prepare import load_prepared
     from .windows import windows_pieces as sliding_windows
 
     cfg = _config(config)
@@ -40,14 +41,15 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
     units: dict[str, str] = {}
     runs = []
     for d in run_dirs:
-        data = load_run(d)
-        fr = data.frame
-        P = prepare(fr.t, fr.values, fr.channels, drop=False)
+        meta = store.read_meta(d)
+        P, _, _, _ = load_prepared(d, [ChannelMeta.from_dict(c) for c in meta["channels"]])
+        events = store.read_events(d)
         if len(P.t) < 2:
             raise BaselineError(f"{d}: run holds {len(P.t)} sample(s); a baseline needs "
                                 "healthy runs with telemetry")
-        win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s)
-        starts, ends = _boundaries(data.meta, data.events, float(P.t[0]), float(P.t[-1]))
+        win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+                              stats=("mean",))
+        starts, ends = _boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
         rows = win.valid & ~_suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
                                         cfg["cooldown_s"])
         if rows.sum() < 5:
@@ -57,7 +59,7 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
         per_run.append({n: M[:, i] for i, n in enumerate(P.names)})
         units.update(zip(P.names, P.units))
         runs.append({"run_dir": os.path.abspath(d),
-                     "run_id": (data.meta.get("run") or {}).get("run_id"),
+                     "run_id": (meta.get("run") or {}).get("run_id"),
                      "samples": int(len(P.t)), "windows": int(rows.sum()),
                      "start": float(P.t[0]), "end": float(P.t[-1])})
     common = [n for n in per_run[0] if all(n in r for r in per_run)]

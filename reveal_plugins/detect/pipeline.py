@@ -111,6 +111,19 @@ def _suppressed(ws: np.ndarray, we: np.ndarray, starts: list[float], ends: list[
     return s
 
 
+def _edge(s0: float, s1: float, starts: list[float], ends: list[float], cfg: dict) -> bool:
+    """An event that begins right where the start-up grace ends (the start-up simply took
+    longer), or a short one that ends where the teardown grace begins."""
+    slack = cfg["window_s"] + cfg["stride_s"]
+    for a in starts:
+        if a <= s0 <= a + cfg["warmup_s"] + slack:
+            return True
+    for b in ends:
+        if b - cfg["cooldown_s"] - slack <= s1 <= b and s1 - s0 <= 15.0:
+            return True
+    return False
+
+
 #: Memory "level" gauges that drift between runs with the page cache, not with the job.
 _BASELINE_SKIP = ("memory.Cached", "memory.Buffers", "memory.MemFree", "memory.Inactive",
                   "memory.Active", "memory.Dirty", "memory.Writeback", "memory.Mapped",
@@ -281,12 +294,17 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         slowed = bool(impact and impact["iteration_time_pct"] >= cfg["min_slowdown_pct"])
         sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
         ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub)
+        why = None
         if cfg["require_symptom"] and not symp and not slowed:
+            why = ("activity changed but no pressure, stall, loss or throttling signal moved "
+                   "(and no iteration slowdown)")
+        elif not from_baseline and _edge(s0, s1, starts, ends, cfg):
+            why = ("contiguous with the start-up or teardown of the run/step (imports, data "
+                   "loading, rendezvous, exit): not a steady-state anomaly")
+        if why:
             observations.append({"start": s0, "end": s1, "subsystem": sub,
                                  "score": round(float(np.max(fused[rows])), 2),
-                                 "evidence": ev[:5],
-                                 "why_not_anomaly": "activity changed but no pressure, stall, "
-                                 "loss or throttling signal moved (and no iteration slowdown)"})
+                                 "evidence": ev[:5], "why_not_anomaly": why})
             continue
         score = float(np.max(bscore[rows] if from_baseline else fused[rows]))
         an = {"id": "", "start": s0, "end": s1, "node": host, "step_id": None,
