@@ -15,7 +15,7 @@ import numpy as np
 
 from .features import robust_center_scale
 
-CPU_CARRIER = 0.8
+CPU_CARRIER = 0.7
 #: Discount for subsystems whose channels rarely cause a slowdown by themselves.
 DISCOUNT = {"cpu": CPU_CARRIER, "system": 0.6}
 
@@ -113,6 +113,9 @@ def deviations(observed: np.ndarray, center: np.ndarray, scale: np.ndarray) -> n
 _SUBSYSTEM_OF = (("memory.vm.pgpgin", "storage"), ("memory.vm.pgpgout", "storage"),
                  ("cpu.all.iowait", "storage"), ("storage.run.", "storage"),
                  ("system.ctxt", "cpu"), ("system.intr", "system"), ("system.nr_running", "cpu"))
+#: The job's own CPU use: when it drops, the job is being held back (by CPU contention, a slow
+#: disk, a slow network...), so it counts as a symptom but does not vote for a subsystem.
+_JOB_SHARE = __import__("re").compile(r"^cpu\.run\.(usage|user|system)$")
 #: Weight of a channel that moved without being a harmful symptom (activity).
 ACTIVITY_WEIGHT = 0.6
 
@@ -128,6 +131,8 @@ def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
                      hits: np.ndarray | None = None) -> dict[str, float]:
     subs: dict[str, list[float]] = {}
     for i, (d, n) in enumerate(zip(np.abs(dev), names)):
+        if dev[i] < 0 and _JOB_SHARE.match(n):
+            continue   # the job doing less is a consequence, whatever held it back
         if d >= min_dev:
             w = 1.0 if hits is None or hits[i] else ACTIVITY_WEIGHT
             subs.setdefault(subsystem_of(n), []).append(float(np.log1p(d)) * w)
