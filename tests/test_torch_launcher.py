@@ -109,6 +109,7 @@ def test_two_workers_recorded_with_ranks_pids_iterations_and_a_valid_report(tmp_
     report = json.loads((run / "report.json").read_text())
     jsonschema.validate(report, json.loads(pathlib.Path(SCHEMA_PATH).read_text()))
     assert "Reveal" in r.stderr  # the summary is printed
+    assert "sitecustomize" not in r.stderr  # the worker bootstrap stays silent
 
 
 @pytest.mark.slow

@@ -91,13 +91,20 @@ def test_env_variable_installs_markers_without_code_change(tmp_path):
               "p = torch.nn.Parameter(torch.zeros(2)); o = torch.optim.SGD([p], lr=0.1)\n"
               "for _ in range(5):\n"
               "    p.grad = torch.ones(2); o.step()\n")
+    orig = tmp_path / "orig"  # a site's own sitecustomize must still run
+    orig.mkdir()
+    ran = tmp_path / "orig-ran"
+    (orig / "sitecustomize.py").write_text(f"open({str(ran)!r}, 'w').close()\n")
     env = {**os.environ, markers.ENV_AUTO: "1", markers.ENV_SOCK: recv.path,
-           "PYTHONPATH": f"{boot}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+           "PYTHONPATH": os.pathsep.join([str(boot), str(orig),
+                                          os.environ.get("PYTHONPATH", "")])}
     try:
         r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                            text=True, timeout=120)
         assert r.returncode == 0, r.stderr
+        assert "sitecustomize" not in r.stderr, r.stderr
         time.sleep(0.2)
     finally:
         recv.close()
     assert recv.steps == 5
+    assert ran.exists(), "the shadowed sitecustomize did not run"

@@ -61,11 +61,14 @@ try:
 except Exception as _e:
     _sys.stderr.write("reveal: iteration markers not installed: %s\\n" % (_e,))
 _sys.path[:] = [_p for _p in _sys.path if _os.path.abspath(_p or ".") != _here]
-_sys.modules.pop("sitecustomize", None)
-try:
-    import sitecustomize  # noqa: F401  (the next one on the path, if any)
-except ImportError:
-    pass
+try:  # run the sitecustomize this one shadows, if any
+    import importlib.machinery as _mach
+    import importlib.util as _iu
+    _spec = _mach.PathFinder.find_spec("sitecustomize", _sys.path)
+    if _spec is not None and _spec.loader is not None:
+        _spec.loader.exec_module(_iu.module_from_spec(_spec))
+except Exception as _e:
+    _sys.stderr.write("reveal: the original sitecustomize failed: %s\\n" % (_e,))
 '''
 
 
@@ -200,7 +203,11 @@ def _proc_env(pid: int, keys: tuple[str, ...]) -> dict[str, str]:
 
 
 class _Session:
-    """Glue between torchrun's world and the Recording: one per launch."""
+    """Glue between torchrun's world and the Recording: one per launch.
+
+    The Recording starts in a background thread (the agent's start-up then overlaps torchrun's
+    own); events that arrive before it is ready are kept and written, in order, by ``attach``.
+    """
 
     def __init__(self, rec: Any) -> None:
         self.rec = rec
@@ -209,17 +216,42 @@ class _Session:
         self.restarts = 0
         self._metric_last: dict[str, Any] = {}
         self.direct_fd: int | None = None
-        run_dir = rec.run_dir
+        self.ready = False
+        self._pending: list[tuple[str, float | None, dict[str, Any]]] = []
+
+    def attach(self) -> None:
+        """The Recording is started (or failed to): write what was kept, then go direct."""
+        run_dir = self.rec.run_dir
         # Iteration events are many: when the run directory is ours (private agent), append
         # them directly in one write per batch; inside a Slurm job (root-owned run directory)
         # they go through the agent like every other event.
-        if run_dir and not getattr(rec, "joined", False) and os.access(run_dir, os.W_OK):
+        if run_dir and not getattr(self.rec, "joined", False) and os.access(run_dir, os.W_OK):
             try:
                 self.direct_fd = os.open(os.path.join(run_dir, "events.jsonl"),
                                          os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW,
                                          0o640)
             except OSError:
                 self.direct_fd = None
+        while True:  # replay in order; what arrives meanwhile queues behind it
+            with self.lock:
+                pending, self._pending = self._pending, []
+                if not pending:
+                    self.ready = True
+                    return
+            for name, t, fields in pending:
+                self.rec.event(name, t, **fields)
+
+    def event(self, name: str, t: float | None, /, **fields: Any) -> None:
+        # positional-only: torchelastic fields include "name"
+        if not self.ready:
+            with self.lock:
+                if not self.ready:
+                    self._pending.append((name, t, fields))
+                    return
+        self.rec.event(name, t, **fields)
+
+    def add_pids(self, pids: list[int], t: float, /, **fields: Any) -> None:
+        self.event("pids", t, pids=list(pids), **fields)
 
     def close(self) -> None:
         if self.direct_fd is not None:
@@ -227,7 +259,7 @@ class _Session:
             self.direct_fd = None
 
     def marker_events(self, events: list[dict[str, Any]]) -> None:
-        if self.direct_fd is not None:
+        if self.direct_fd is not None and self.ready:
             data = "".join(json.dumps(e, sort_keys=True, default=str) + "\n" for e in events)
             try:
                 os.write(self.direct_fd, data.encode())
@@ -236,12 +268,12 @@ class _Session:
                 log.debug("direct event write failed (%s); using the agent", e)
         for e in events:
             e = dict(e)
-            self.rec.event(e.pop("event"), e.pop("t"), **e)
+            self.event(e.pop("event"), e.pop("t"), **e)
 
-    def elastic(self, _event: str, _t: float, **fields: Any) -> None:
+    def elastic(self, _event: str, _t: float, /, **fields: Any) -> None:
         if fields.get("kind") == "metric" and not self._metric_wanted(fields):
             return
-        self.rec.event(_event, _t, **fields)
+        self.event(_event, _t, **fields)
         if fields.get("kind") == "worker" and fields.get("state") == "START":
             self._worker_started(_t, fields)
 
@@ -278,10 +310,10 @@ class _Session:
             new_restart = restart > self.restarts
             self.restarts = max(self.restarts, restart)
         if new_restart:  # one plain marker per restart of the worker group
-            self.rec.event("elastic", t, kind="restart", name="reveal.worker_group.restart",
+            self.event("elastic", t, kind="restart", name="reveal.worker_group.restart",
                            restart=restart, rdzv_id=f.get("rdzv_id"))
-        self.rec.event("rank", t, **{k: v for k, v in layout.items() if v is not None})
-        self.rec.add_pids([pid], rank=layout["rank"], local_rank=layout["local_rank"])
+        self.event("rank", t, **{k: v for k, v in layout.items() if v is not None})
+        self.add_pids([pid], t, rank=layout["rank"], local_rank=layout["local_rank"])
 
 
 def _launch_info(rest: list[str]) -> tuple[Any, int, str | None]:
@@ -339,19 +371,36 @@ def main(argv: list[str] | None = None) -> int:
                           "rdzv_endpoint": targs.rdzv_endpoint or None}}
     run_id = f"torchrun-{launch_id}" if launch_id else None
     command = [PROG, *argv]
-    with Recording(out=out, interval_s=opts.interval_s, source="torchrun", command=command,
-                   run_id=run_id, extra=extra) as rec:
-        rc = _run_recorded(rec, rest, targs)
-        rec.exit_code = rc
+    rec = Recording(out=out, interval_s=opts.interval_s, source="torchrun", command=command,
+                    run_id=run_id, extra=extra)
+    sess = _Session(rec)
+
+    def start() -> None:
+        try:
+            rec.__enter__()  # never raises: problems disable telemetry with a message
+        finally:
+            sess.attach()
+    starter = threading.Thread(target=start, name="reveal-recording-start", daemon=True)
+    starter.start()
+    exc: tuple = (None, None, None)
+    rc = 1
+    try:
+        rc = _run_recorded(sess, rest, targs)
+    except BaseException:
+        exc = sys.exc_info()
+        raise
+    finally:
+        starter.join()
+        sess.close()
+        rec.exit_code = rc if exc[0] is None else None
+        rec.__exit__(*exc)
     return rc
 
 
-def _run_recorded(rec: Any, rest: list[str], targs: Any) -> int:
+def _run_recorded(sess: _Session, rest: list[str], targs: Any) -> int:
     from . import elastic
-    sess = _Session(rec)
     tmp = tempfile.mkdtemp(prefix="reveal-torchrun-")
-    saved_env = {k: os.environ.get(k) for k in
-                 (markers.ENV_SOCK, "PYTHONPATH", "REVEAL_RUN_DIR", "REVEAL_RUN_ID")}
+    saved_env = {k: os.environ.get(k) for k in (markers.ENV_SOCK, "PYTHONPATH")}
     receiver = None
     uninstall = None
     try:
@@ -368,9 +417,6 @@ def _run_recorded(rec: Any, rest: list[str], targs: Any) -> int:
                 f.write(BOOTSTRAP)
             pp = os.environ.get("PYTHONPATH")
             os.environ["PYTHONPATH"] = boot + (os.pathsep + pp if pp else "")
-        if rec.run is not None:
-            os.environ["REVEAL_RUN_DIR"] = rec.run_dir or ""
-            os.environ["REVEAL_RUN_ID"] = rec.run.run_id
         try:
             uninstall = elastic.install(sess.elastic, targs.event_log_handler)
         except Exception as e:  # torch internals moved: record without elastic events
@@ -386,10 +432,9 @@ def _run_recorded(rec: Any, rest: list[str], targs: Any) -> int:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
-        sess.close()
         shutil.rmtree(tmp, ignore_errors=True)
     if receiver is not None and receiver.steps:
-        rec.event("note", message=f"iteration markers: {receiver.steps} steps from "
+        sess.event("note", None, message=f"iteration markers: {receiver.steps} steps from "
                   f"{len(receiver.seen)} worker processes"
                   + (f", {receiver.dropped} dropped" if receiver.dropped else ""),
                   markers_steps=receiver.steps, markers_dropped=receiver.dropped)
