@@ -158,9 +158,11 @@ def choose_subsystem(dev: np.ndarray, names: list[str], hits: np.ndarray | None 
 
 def evidence(dev: np.ndarray, observed: np.ndarray, center: np.ndarray, names: list[str],
              units: list[str], top: int = 8, min_dev: float = 2.0,
-             prefer: str | None = None) -> list[dict]:
-    """The channels that moved most, strongest first (at least one entry)."""
-    order = np.argsort(-np.abs(dev))
+             prefer: str | None = None, hits: np.ndarray | None = None) -> list[dict]:
+    """The channels that moved most, strongest first (at least one entry); symptom channels
+    (``hits``) rank as if they had moved 1/ACTIVITY_WEIGHT times further."""
+    rank = np.abs(dev) * (np.where(hits, 1.0, ACTIVITY_WEIGHT) if hits is not None else 1.0)
+    order = np.argsort(-rank)
     out = []
     for i in order[:max(top * 3, top)]:
         if len(out) >= top:

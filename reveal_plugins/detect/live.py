@@ -148,7 +148,7 @@ class LiveAnalyzer:
         names, units = self._names, self._units
         hits = attr.symptom_hits(dev, observed, center, self._mask, self.cfg["min_deviation"])
         sub, scores = attr.choose_subsystem(dev, names, hits)
-        ev = attr.evidence(dev, observed, center, names, units, prefer=sub)
+        ev = attr.evidence(dev, observed, center, names, units, prefer=sub, hits=hits)
         stride = self.cfg["stride_s"]
         start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
         self._n += 1

@@ -293,7 +293,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         impact = attr.iteration_impact(events, s0, s1, spans)
         slowed = bool(impact and impact["iteration_time_pct"] >= cfg["min_slowdown_pct"])
         sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
-        ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub)
+        ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub, hits=hits)
         why = None
         if cfg["require_symptom"] and not symp and not slowed:
             why = ("activity changed but no pressure, stall, loss or throttling signal moved "
