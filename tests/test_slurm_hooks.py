@@ -15,6 +15,19 @@ from reveal_plugins.slurm.config import ConfigError, load_config, parse_mode
 from reveal_plugins.slurm.spank_build import plugstack_line
 
 
+@pytest.fixture(autouse=True)
+def _no_leftover_agents(tmp_path):
+    """A hook that started an agent for a test spool: stop it (by its PID) after the test."""
+    yield
+    for starter in tmp_path.glob("**/.agent-starter"):
+        try:
+            pid = int(starter.read_text())
+            if b"reveal_plugins.telemetry.agent" in open(f"/proc/{pid}/cmdline", "rb").read():
+                os.kill(pid, 15)
+        except (OSError, ValueError):
+            pass
+
+
 def run_hook(hook, tmp_path, config_text=None, env_extra=None, timeout=10):
     cfg = tmp_path / "slurm.toml"
     if config_text is not None:
