@@ -58,7 +58,7 @@ PY
     python3 -m pip install -q -e '.[html]' 2>&1 | grep -v "^\s*$" | tail -5 || true
     if ! python3 -c 'import torch' 2>/dev/null; then
         say "pip install torch (CPU-only wheel, ~200 MB)"
-        python3 -m pip install -q torch --index-url https://download.pytorch.org/whl/cpu
+        python3 -m pip install -q --retries 1 torch --index-url https://download.pytorch.org/whl/cpu
     fi
     command -v reveal >/dev/null || { echo "demo.sh: 'reveal' not on PATH after install" >&2; exit 1; }
 }
