@@ -34,10 +34,10 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^cpu\.run\.(usage|user)$", -1, 0.1), (r"^cpu\.run\.throttled_time$", +1, 0.05),
     (r"^cpu\.run\.nr_throttled$", +1, 1.0),
     (r"^storage\.procs_blocked$", +1, 1.0),
-    (r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|flush_ms)$", +1, 200.0),
+    (r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|flush_ms)$", +1, 500.0),
     (r"^storage\.[^.]+\.in_flight$", +1, 1.0),
-    (r"^memory\.(run\.)?MemAvailable$", -1, 512 * 1024.0),
-    (r"^memory\.(run\.)?used_pct$", +1, 2.0),
+    (r"^memory\.(run\.)?MemAvailable$", -1, 1024 * 1024.0),        # 1 GiB (kB)
+    (r"^memory\.(run\.)?used_pct$", +1, 4.0),
     (r"^memory\.run\.(usage|anon|rss)$", +1, 512 * 1048576.0),
     (r"^memory\.vm\.(pgmajfault|pswpin|pswpout)$", +1, 20.0),
     (r"^memory\.vm\.(allocstall|pgscan_direct|pgsteal_direct)", +1, 1.0),
@@ -131,10 +131,12 @@ def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
                      hits: np.ndarray | None = None) -> dict[str, float]:
     subs: dict[str, list[float]] = {}
     for i, (d, n) in enumerate(zip(np.abs(dev), names)):
-        if dev[i] < 0 and _JOB_SHARE.match(n):
-            continue   # the job doing less is a consequence, whatever held it back
         if d >= min_dev:
             w = 1.0 if hits is None or hits[i] else ACTIVITY_WEIGHT
+            if dev[i] < 0 and _JOB_SHARE.match(n):
+                # the job doing less is a consequence of whatever held it back: only a weak
+                # vote for CPU contention, the most common cause, when nothing else speaks
+                w = 0.5 * ACTIVITY_WEIGHT
             subs.setdefault(subsystem_of(n), []).append(float(np.log1p(d)) * w)
     out = {}
     for s, vals in subs.items():

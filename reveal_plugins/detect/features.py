@@ -27,6 +27,8 @@ def unit_floor(name: str, unit: str) -> float:
     leaf = name.rsplit(".", 1)[-1].lower()
     if u in ("%", "percent", "pct") or leaf.endswith("pct"):
         return 2.0
+    if "octets" in leaf and u.endswith("/s"):      # /proc/net/netstat IpExt: bytes
+        return _MiB
     table = {
         "ticks/s": 5.0, "jiffies/s": 5.0,          # 5 % of one core (USER_HZ=100)
         "us/s": 20_000.0, "ms/s": 20.0, "ns/s": 5e7, "s/s": 0.05,   # 2-5 % of the time/a core
