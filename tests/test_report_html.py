@@ -1,6 +1,5 @@
 """The HTML report: self-contained, light for long runs, and rendered by a real browser
 (headless Chromium) without console errors; a screenshot is kept in tests/artifacts/."""
-import json
 import os
 import pathlib
 import re
@@ -156,3 +155,32 @@ def test_two_hour_run_stays_light(tmp_path):
     # no path carries more than a few bins' worth of points
     longest = max(len(m) for m in re.findall(r' d="([^"]*)"', html))
     assert longest < 30_000
+
+
+def test_downsampling_keeps_short_spikes_visible():
+    from reveal_plugins.report.html import downsample
+    t = np.arange(72_000) * 0.1
+    y = np.zeros(72_000)
+    y[12_345] = 100.0          # one 100 ms spike in a 2-hour run
+    y[50_000:50_010] = np.nan  # a gap
+    tm, mean, lo, hi = downsample(t, y, 500)
+    assert len(tm) == len(mean) == len(hi) == 500
+    assert np.nanmax(hi) == 100.0 and np.nanmax(mean) < 100.0
+    assert np.all(np.diff(tm) > 0)
+
+
+def test_progress_only_on_a_terminal():
+    import io
+    from reveal_plugins.report.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    pipe, tty = io.StringIO(), Tty()
+    for stream in (pipe, tty):
+        p = Progress(stream=stream)
+        p.update("drawing timelines", 2, 5)
+        p.done()
+    assert pipe.getvalue() == ""
+    assert "drawing timelines 2/5" in tty.getvalue() and tty.getvalue().endswith("\x1b[2K")

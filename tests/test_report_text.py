@@ -6,7 +6,6 @@ import subprocess
 import sys
 
 import jsonschema
-import pytest
 from conftest import SCHEMA_PATH
 from fixtures_report import empty_report, make_empty_run, make_report, make_run
 

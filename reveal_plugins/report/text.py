@@ -10,7 +10,6 @@ import math
 import os
 import shutil
 import sys
-from typing import Any
 
 from . import fmt, views
 from .load import RunView, load_view
