@@ -58,7 +58,7 @@ def scenarios(smoke: bool, seconds: float, net: bool) -> list[dict]:
         return [{"name": "smoke-mlp-cpu", "model": "mlp", "seconds": 60,
                  "inject": [("cpu", 20, 15)]},
                 {"name": "smoke-clean", "model": "mlp", "seconds": 45, "inject": []}]
-    a, b, L = 0.25 * seconds, 0.6 * seconds, 0.2 * seconds
+    a, b, L = 0.3 * seconds, 0.65 * seconds, 0.2 * seconds
     sc = [
         {"name": "mlp-cpu-memhog", "model": "mlp", "inject": [("cpu", a, L), ("memhog", b, L)]},
         {"name": "cnn-cache-disk", "model": "cnn", "inject": [("cache", a, L), ("disk", b, L)]},

@@ -28,9 +28,9 @@ LIVE_DEFAULTS: dict[str, Any] = {
     "horizon_s": 120.0,       # history kept (the reference comes from it)
     "window_s": 3.0,
     "stride_s": 1.0,
-    "skip_s": 8.0,            # start-up of the run is not a reference
+    "skip_s": 15.0,           # start-up of the run (imports, data loading) is not a reference
     "ref_gap_s": 6.0,         # the newest seconds are never part of the reference
-    "min_reference": 12,      # reference windows needed before anything is flagged
+    "min_reference": 15,      # reference windows needed before anything is flagged
     "threshold": 6.0,         # top-2 mean |deviation| of a window
     "min_deviation": 4.0,     # a symptom channel must move this far (harmful direction)
     "min_windows": 2,         # consecutive flagged windows for a finding
