@@ -171,6 +171,29 @@ def queue_pending(spool: str, req: dict[str, Any]) -> str:
     return os.path.join(pend, name)
 
 
+def _registration_pending(spool: str, run_id: str) -> bool:
+    """True when a queued registration of ``run_id`` waits in ``<spool>/pending/``."""
+    pend = os.path.join(spool, "pending")
+    try:
+        names = [n for n in os.listdir(pend) if n.endswith(".json")]
+    except OSError:
+        return False
+    needle = f'"run_id": "{run_id}"'.encode()
+    for n in names:
+        try:
+            fd = os.open(os.path.join(pend, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            try:
+                st = os.fstat(fd)
+                data = os.read(fd, 65536) if st.st_uid == 0 else b""
+            finally:
+                os.close(fd)
+        except OSError:
+            continue
+        if needle in data and b'"register"' in data:
+            return True
+    return False
+
+
 def _agent_starting(spool: str) -> bool:
     """True when the agent a hook started for ``spool`` is alive (but not answering yet)."""
     try:
@@ -341,12 +364,20 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
                 raise AgentUnreachable(0, f"agent socket {spool}/agent.sock: no answer to the "
                                           "SPANK plugin's unregister")
             if reply is None:
-                reply = {"ok": False, "error": "refused (see the slurmd log)"}
+                reply = {"ok": False, "error": "run_id is not registered" if by_spank == "notreg"
+                         else "refused (see the slurmd log)"}
         else:
             reply = agent_request(os.path.join(spool, "agent.sock"), req,
                                   _remaining(deadline) * 0.7)
         if reply.get("ok"):
             run_dir = reply.get("run_dir") or run_dir
+        elif "not registered" in str(reply.get("error")) and \
+                _registration_pending(spool, f"slurm-{job}"):
+            # The agent came up but has not read the queued registration yet: queue behind it.
+            queue_pending(spool, req)
+            wait_closed = True
+            log("epilog", "WARNING", f"job {job}: registration still queued; queued the "
+                                     "unregister behind it, the analysis waits for it", job)
         else:
             log("epilog", "ERROR", f"agent refused to close run slurm-{job}: "
                                    f"{reply.get('error')}", job)

@@ -549,7 +549,8 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 		 ecbuf);
 	/* The agent flushes the last segment before it answers: allow it a little longer. */
 	rc = agent_send_t(json, reply, sizeof(reply), timeout_ms * 2);
-	spawn_hook("epilog", rc == 0 ? "ok" : rc > 0 ? "refused" : "unreachable");
+	spawn_hook("epilog", rc == 0 ? "ok" : rc < 0 ? "unreachable" :
+		   strstr(reply, "not registered") ? "notreg" : "refused");
 	record_timing("epilog", jid);
 	return 0;
 }
