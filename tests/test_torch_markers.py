@@ -108,3 +108,58 @@ def test_env_variable_installs_markers_without_code_change(tmp_path):
         recv.close()
     assert recv.steps == 5
     assert ran.exists(), "the shadowed sitecustomize did not run"
+
+
+class FakeNvml:
+    """Stands in for pynvml where no NVIDIA GPU exists (CI): two GPUs, PIDs per GPU."""
+
+    def __init__(self, procs_by_gpu):
+        self.procs_by_gpu = procs_by_gpu
+        self.shutdown = False
+
+    def nvmlDeviceGetCount(self):
+        return len(self.procs_by_gpu)
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h):
+        from types import SimpleNamespace
+        return [SimpleNamespace(pid=p, usedGpuMemory=1 << 30) for p in self.procs_by_gpu[h]]
+
+    def nvmlDeviceGetUUID(self, h):
+        return f"GPU-{h:04d}".encode()
+
+    def nvmlShutdown(self):
+        self.shutdown = True
+
+
+def test_gpu_mapper_reports_each_worker_gpu_once_when_it_appears():
+    from reveal_plugins.torch_ext.gpus import GpuMapper
+    fake = FakeNvml([[], []])
+    found = []
+    m = GpuMapper(lambda info, gpus: found.append((info["rank"], gpus)), poll_s=3600,
+                  loader=lambda: fake)
+    m.track(101, {"rank": 0})
+    m.track(102, {"rank": 1})
+    m.poll_once()
+    assert found == []            # no CUDA context yet
+    fake.procs_by_gpu[1] = [102, 999]
+    m.poll_once()
+    fake.procs_by_gpu[0] = [101]
+    m.poll_once()
+    m.poll_once()                 # reported once only
+    assert found == [(1, [{"gpu": 1, "gpu_uuid": "GPU-0001"}]),
+                     (0, [{"gpu": 0, "gpu_uuid": "GPU-0000"}])]
+    m.close()
+    assert fake.shutdown
+
+
+def test_gpu_mapper_without_nvml_does_nothing():
+    from reveal_plugins.torch_ext.gpus import GpuMapper
+    calls = []
+    m = GpuMapper(lambda *a: calls.append(a), loader=lambda: None)
+    m.track(1, {"rank": 0})
+    m.poll_once()
+    m.close()
+    assert calls == [] and m._thread is None

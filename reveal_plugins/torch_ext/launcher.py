@@ -218,6 +218,8 @@ class _Session:
         self.direct_fd: int | None = None
         self.ready = False
         self._pending: list[tuple[str, float | None, dict[str, Any]]] = []
+        from .gpus import GpuMapper
+        self.gpu_mapper = GpuMapper(self._gpu_found)
 
     def attach(self) -> None:
         """The Recording is started (or failed to): write what was kept, then go direct."""
@@ -254,6 +256,7 @@ class _Session:
         self.event("pids", t, pids=list(pids), **fields)
 
     def close(self) -> None:
+        self.gpu_mapper.close()
         if self.direct_fd is not None:
             os.close(self.direct_fd)
             self.direct_fd = None
@@ -314,6 +317,15 @@ class _Session:
                            restart=restart, rdzv_id=f.get("rdzv_id"))
         self.event("rank", t, **{k: v for k, v in layout.items() if v is not None})
         self.add_pids([pid], t, rank=layout["rank"], local_rank=layout["local_rank"])
+        self.gpu_mapper.track(pid, layout)
+
+    def _gpu_found(self, layout: dict[str, Any], gpus: list[dict[str, Any]]) -> None:
+        """NVML saw the worker on a GPU: the same ``rank`` event again, with ``gpu``."""
+        ev = {k: v for k, v in layout.items() if v is not None}
+        ev.update(gpu=gpus[0]["gpu"], gpu_uuid=gpus[0]["gpu_uuid"], gpu_source="nvml")
+        if len(gpus) > 1:
+            ev["gpus"] = [g["gpu"] for g in gpus]
+        self.event("rank", None, **ev)
 
 
 def _launch_info(rest: list[str]) -> tuple[Any, int, str | None]:
