@@ -229,3 +229,21 @@ def test_install_hooks_writes_runnable_wrappers(tmp_path):
                        env={"PATH": "/usr/bin:/bin"}, timeout=30)
     assert r.returncode == 0
     assert "SLURM_JOB_ID=''" in (tmp_path / "h.log").read_text()
+
+
+def test_prolog_environment_to_run_identity():
+    from reveal_plugins.slurm.config import SlurmConfig
+    from reveal_plugins.slurm.hooks import run_info
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
+           "SLURMD_NODENAME": "gpu07", "SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "0,1",
+           "SLURM_JOB_PARTITION": "a100"}
+    run = run_info(env, SlurmConfig(spool="/srv/reveal"))
+    assert run["run_id"] == "slurm-42" and run["run_dir"] == "/srv/reveal/jobs/42/gpu07"
+    assert run["gpus"] == [2, 3]  # host numbering from SLURM_JOB_GPUS, not the job's view
+    assert run["gid"] == 0 and run["extra"]["partition"] == "a100"
+    env.pop("SLURM_JOB_GPUS")
+    assert run_info(env, SlurmConfig())["gpus"] == [0, 1]
+    env["CUDA_VISIBLE_DEVICES"] = "GPU-5f3a"  # UUIDs: unknown indices, not a wrong filter
+    assert run_info(env, SlurmConfig())["gpus"] is None
+    with pytest.raises(ValueError, match="SLURMD_NODENAME"):
+        run_info(dict(env, SLURMD_NODENAME="../x"), SlurmConfig())
