@@ -65,8 +65,12 @@ def main(argv: list[str]) -> int:
     paths = install(a.dir, env, a.python)
     d = os.path.abspath(a.dir)
     print("wrote " + ", ".join(paths))
-    print("add to slurm.conf (then: scontrol reconfigure):\n"
-          f"  Prolog={d}/prolog\n  Epilog={d}/epilog\n  PrologFlags=Alloc,Contain\n"
-          "and, only without the SPANK plugin (reveal slurm build-spank):\n"
-          f"  TaskProlog={d}/task-prolog\n  TaskEpilog={d}/task-epilog")
+    print("setup A (recommended), plugstack.conf:\n"
+          f"  optional /usr/local/lib/reveal/reveal_spank.so spool=/var/spool/reveal hooks={d}\n"
+          "  and in slurm.conf: PrologFlags=Alloc,Contain\n"
+          "setup B, slurm.conf:\n"
+          f"  PrologFlags=Alloc,Contain\n  Prolog={d}/prolog\n  Epilog={d}/epilog\n"
+          "  plus the SPANK plugin without hooks= for steps, or (no SPANK plugin at all):\n"
+          f"  TaskProlog={d}/task-prolog\n  TaskEpilog={d}/task-epilog\n"
+          "see docs/slurm.md")
     return 0
