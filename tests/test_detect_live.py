@@ -59,3 +59,10 @@ def test_bad_rows_do_not_raise():
     v2 = v.copy()
     v2[:, 5] = np.nan
     assert la.update(t + 10, v2) == []
+
+
+def test_another_subsystem_taking_over_is_a_new_finding():
+    h = SynthHost(2, seed=9, anomalies=[("storage", 60, 80), ("network", 80, 100)])
+    found, _ = _feed(h, 130)
+    assert [a["subsystem"] for a in found] == ["storage", "network"]
+    assert 0 <= found[1]["detected_at"] - (h.t0 + 80) <= 10

@@ -88,6 +88,21 @@ def symptom_hits(dev: np.ndarray, observed: np.ndarray, center: np.ndarray,
     return is_s & (dev * dirn >= min_dev) & big
 
 
+def symptom_strength(dev: np.ndarray, observed: np.ndarray, center: np.ndarray,
+                     mask: tuple[np.ndarray, np.ndarray, np.ndarray], min_dev: float
+                     ) -> np.ndarray:
+    """Per channel: how many times its practical minimum a symptom moved (0 when it is not a
+    symptom or did not reach ``min_dev`` spreads).  A throughput that fell to 1 % of its level
+    is a strong finding even when the level itself fluctuates a lot."""
+    is_s, dirn, mins = mask
+    delta = np.nan_to_num((observed - center) * dirn, nan=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        k = np.where(mins < 0, delta / (-mins * np.abs(center)), delta / np.abs(mins))
+    k = np.nan_to_num(k, nan=0.0, posinf=0.0, neginf=0.0)
+    ok = symptom_hits(dev, observed, center, mask, min_dev)
+    return np.where(ok, k, 0.0)
+
+
 def symptoms(dev: np.ndarray, names: list[str], min_dev: float, observed: np.ndarray,
              center: np.ndarray) -> list[int]:
     """Indices of symptom channels that moved, strongest first."""

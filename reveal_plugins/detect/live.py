@@ -58,6 +58,7 @@ class LiveAnalyzer:
         self._last_end = -np.inf          # end of the newest window already judged
         self._flagged: dict[float, np.ndarray] = {}   # window start -> deviations
         self._run: list[float] = []       # starts of the current run of flagged windows
+        self._other: list[float] = []     # ...of those pointing at another subsystem
         self._active_until = -np.inf      # an emitted finding is still going on until then
         self._active: dict | None = None
         self._n = 0
@@ -111,15 +112,21 @@ class LiveAnalyzer:
         if ref.sum() < cfg["min_reference"]:
             return []
         center, scale = robust_center_scale(means[ref], self._floors, self._rels)
-        new = win.valid & (win.end > self._last_end + 1e-9) & (win.end <= now + 1e-9)
+        new = (win.valid & (win.end > self._last_end + 1e-9) & (win.end <= now + 1e-9)
+               & ~ref & (win.start >= self._t_first + cfg["skip_s"]))
+        if self._last_end == -np.inf:   # first judgement: only what follows the reference
+            new &= win.start > float(win.start[ref].max())
         out: list[dict] = []
         for i in np.nonzero(new)[0]:
             self._last_end = float(win.end[i])
             dev = np.nan_to_num((means[i] - center) / scale)
             a = np.abs(dev)
             top = np.sort(a)[-2:].mean() if len(a) >= 2 else float(a.max(initial=0))
-            harmful = bool(np.any(attr.symptom_hits(dev, means[i], center, self._mask,
-                                                    cfg["min_deviation"])))
+            strength = attr.symptom_strength(dev, means[i], center, self._mask,
+                                             cfg["min_deviation"])
+            harmful = bool(np.any(strength > 0))
+            # a symptom well past its practical minimum counts as that many min_deviations
+            top = max(top, float(strength.max(initial=0.0)) * cfg["min_deviation"])
             key = round(float(win.start[i]), 3)
             if top >= cfg["threshold"] and harmful:
                 self._flagged[key] = dev
@@ -127,8 +134,18 @@ class LiveAnalyzer:
                 self._active_until = float(win.end[i]) + cfg["gap_s"]
                 if self._active is None and len(self._run) >= cfg["min_windows"]:
                     out.append(self._finding(win, means, center, scale, float(win.mid[i])))
+                elif self._active is not None:
+                    # a different subsystem taking over while flags go on is a new finding
+                    hits = strength > 0
+                    sub, _ = attr.choose_subsystem(dev, self._names, hits)
+                    self._other = self._other + [key] if sub != self._active["subsystem"] else []
+                    if len(self._other) >= cfg["min_windows"]:
+                        self._run, self._other = list(self._other), []
+                        out.append(self._finding(win, means, center, scale,
+                                                 float(win.mid[i])))
             else:
                 self._run = []
+                self._other = []
                 if self._active is not None and float(win.end[i]) > self._active_until:
                     self._active = None
         # forget flags that left the horizon
