@@ -269,9 +269,42 @@ class _Session:
                 return
             except OSError as e:
                 log.debug("direct event write failed (%s); using the agent", e)
+        if self.ready and self._agent_batch(events):
+            return
         for e in events:
             e = dict(e)
             self.event(e.pop("event"), e.pop("t"), **e)
+
+    def _agent_batch(self, events: list[dict[str, Any]]) -> bool:
+        """Send a batch of events to the agent on one connection (the agent answers each line
+        in turn); False when that is not possible, so the caller sends them one by one."""
+        client, run = getattr(self.rec, "client", None), self.rec.run
+        path = getattr(client, "socket_path", None)
+        if not path or run is None:
+            return False
+        lines = "".join(json.dumps({"op": "event", "run_id": run.run_id, **e}, default=str)
+                        + "\n" for e in events)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(5.0)
+        try:
+            s.connect(path)
+            s.sendall(lines.encode())
+            s.shutdown(socket.SHUT_WR)
+            buf = b""
+            while buf.count(b"\n") < len(events):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                buf += chunk
+        except OSError as e:
+            log.debug("batched events not sent (%s)", e)
+            return False
+        finally:
+            s.close()
+        bad = [r for r in buf.splitlines() if b'"ok": true' not in r and b'"ok":true' not in r]
+        if bad:
+            log.debug("agent refused %d of %d events: %s", len(bad), len(events), bad[0][:200])
+        return True
 
     def elastic(self, _event: str, _t: float, /, **fields: Any) -> None:
         if fields.get("kind") == "metric" and not self._metric_wanted(fields):

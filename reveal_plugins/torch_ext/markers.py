@@ -310,7 +310,7 @@ class MarkerReceiver:
                 out.append({"t": times[0] if times else time.time(), "event": "rank",
                             **{k: hdr.get(k) for k in ("rank", "local_rank", "group_rank",
                                                        "world_size", "pid", "host", "restart",
-                                                       "gpu")}})
+                                                       "gpu")}, "gpu_source": "worker"})
         last = self._last.get(key)
         first = int(hdr["first_step"])
         prev_t = last[1] if last and last[0] == first - 1 else None
