@@ -91,3 +91,12 @@ def test_other_users_cannot_register_or_touch_foreign_runs(agent):
     assert "only root or the agent's user may shut it down" in lines[2]
     assert client.alive()
     assert not os.path.exists("/tmp/evil")
+
+
+def test_a_second_agent_on_the_same_spool_refuses_to_start(agent):
+    client, tmp = agent
+    p = subprocess.run([sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool",
+                        str(tmp / "spool")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3
+    assert "another agent already serves" in p.stderr
+    assert client.alive()

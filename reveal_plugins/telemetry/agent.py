@@ -42,14 +42,13 @@ def _peer_uid(sock: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-def _create_run_dir(path: str, uid: int | None, gid: int | None) -> str:
-    """Create the run directory; as root, through the hardened helper (no symlinks, owner)."""
-    try:
-        from .rundir import create_run_dir
-    except ImportError:
-        os.makedirs(path, mode=0o750, exist_ok=True)
-        return path
-    return create_run_dir(path, uid=uid, gid=gid)
+def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
+    """Create the run directory through the hardened helper (as root: no symlinks followed,
+    only inside the spool for other users' runs, readable by the run's user alone)."""
+    from .rundir import create_run_dir
+    path, spool = os.path.abspath(path), os.path.abspath(spool)
+    inside = os.path.commonpath([path, spool]) == spool
+    return create_run_dir(path, uid=uid, gid=gid, spool=spool if inside else None)
 
 
 @dataclass
@@ -187,7 +186,7 @@ class Agent:
             if run.run_id in self._runs:
                 return self._runs[run.run_id].run.run_dir
         run.host = run.host or self.host
-        run_dir = _create_run_dir(run.run_dir, run.uid, run.gid)
+        run_dir = _create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
         run.run_dir = run_dir
         idx = [i for i, c in enumerate(self.channels) if self._wanted(c, run)]
         rprobes: list[Probe] = []
@@ -503,10 +502,6 @@ class Agent:
         class Server(socketserver.ThreadingUnixStreamServer):
             daemon_threads = True
 
-        try:
-            os.unlink(sock_path)
-        except FileNotFoundError:
-            pass
         self._server = Server(sock_path, Handler)
         # Root agents accept any local user (peer credentials decide per request).
         os.chmod(sock_path, 0o666 if self.uid == 0 else 0o600)
@@ -514,7 +509,20 @@ class Agent:
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
+        """Start serving; raises RuntimeError when another agent already serves this spool."""
         os.makedirs(self.spool, mode=0o755, exist_ok=True)
+        sock_path = os.path.join(self.spool, "agent.sock")
+        if os.path.exists(sock_path):
+            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            probe.settimeout(1.0)
+            try:
+                probe.connect(sock_path)
+                raise RuntimeError(f"another agent already serves {sock_path}; not starting a "
+                                   "second one")
+            except OSError:
+                os.unlink(sock_path)  # stale socket of a dead agent
+            finally:
+                probe.close()
         os.makedirs(os.path.join(self.spool, "pending"), mode=0o1733 if self.uid == 0 else 0o700,
                     exist_ok=True)
         self._idle_since = time.monotonic()
@@ -583,7 +591,11 @@ def main(argv: list[str] | None = None) -> int:
                   live=args.live)
     signal.signal(signal.SIGTERM, lambda *a: agent._stop.set())
     signal.signal(signal.SIGINT, lambda *a: agent._stop.set())
-    agent.start()
+    try:
+        agent.start()
+    except RuntimeError as e:
+        log.error("%s", e)
+        return 3
     log.info("sampling %d channels from %d probes every %.3f s; socket %s",
              len(agent.channels), len(agent.probes), agent.interval_s, agent.sock_path)
     agent.wait()
