@@ -53,7 +53,8 @@ class LiveAnalyzer:
         cap = int((cfg["horizon_s"] + 2 * cfg["window_s"]) / self.interval_s) + 8
         self._cap = max(cap, 64)
         self._t = np.zeros(0)
-        self._v = np.zeros((0, len(self.metas)))
+        self._X: np.ndarray | None = None      # rates + derived metrics of the horizon
+        self._last_raw: np.ndarray | None = None
         self._t_first: float | None = None
         self._last_end = -np.inf          # end of the newest window already judged
         self._flagged: dict[float, np.ndarray] = {}   # window start -> deviations
@@ -86,14 +87,30 @@ class LiveAnalyzer:
         if self._t_first is None:
             self._t_first = float(t[0])
         keep = t > (self._t[-1] if len(self._t) else -np.inf)
-        self._t = np.concatenate([self._t, t[keep]])[-self._cap:]
-        self._v = np.concatenate([self._v, rows[keep]])[-self._cap:]
+        t, rows = t[keep], rows[keep]
+        if len(t) == 0:
+            return []
+        # Rates (and derived metrics) only for the new rows, from the previous raw row.
+        if self._last_raw is not None:
+            tt = np.concatenate([[self._t[-1]], t])
+            rr = np.vstack([self._last_raw[None, :], rows])
+        else:
+            tt, rr = t, rows
+        Xn, names, units, _, _ = to_rates(tt, rr, self.metas, self.interval_s)
+        Xn, names, units = add_derived(Xn, names, units)
+        if self._last_raw is not None:
+            Xn = Xn[1:]
+        self._last_raw = rows[-1].copy()
+        if self._X is None or self._X.shape[1] != Xn.shape[1]:
+            self._X = np.zeros((0, Xn.shape[1]), np.float32)
+            self._t = self._t[:0]
+        self._t = np.concatenate([self._t, t])[-self._cap:]
+        self._X = np.concatenate([self._X, Xn])[-self._cap:]
+        X = self._X
         cfg = self.cfg
         now = float(self._t[-1])
         if now - self._t_first < cfg["skip_s"] + cfg["min_reference"] + cfg["ref_gap_s"]:
             return []
-        X, names, units, _, _ = to_rates(self._t, self._v, self.metas, self.interval_s)
-        X, names, units = add_derived(X, names, units)
         if self._names != names:
             self._names, self._floors = names, channel_floors(names, units)
             self._rels = rel_floors(units)
@@ -102,7 +119,8 @@ class LiveAnalyzer:
         # Windows on a grid anchored at the run's first sample, so starts are stable.
         stride = cfg["stride_s"]
         t0 = self._t_first + stride * np.ceil((self._t[0] - self._t_first) / stride)
-        win = sliding_windows(self._t, X, cfg["window_s"], stride, self.interval_s, t0=t0)
+        win = sliding_windows(self._t, X, cfg["window_s"], stride, self.interval_s, t0=t0,
+                              stats=("mean",))
         if len(win) == 0:
             return []
         means = win.stats["mean"].astype(np.float64)
