@@ -38,11 +38,13 @@ def _channels(cores: int, gpus: int) -> list[ChannelMeta]:
                for f in ("rx_bytes", "tx_bytes")]
     ch.append(ChannelMeta("network.tcp.RetransSegs", "count", "counter", "procfs.snmp"))
     for g in range(gpus):
+        # the NVML probe's names and units
         ch += [ChannelMeta(f"gpu.{g}.util_sm", "%", "gauge", "nvml"),
-               ChannelMeta(f"gpu.{g}.mem_used", "B", "gauge", "nvml"),
-               ChannelMeta(f"gpu.{g}.mem_total", "B", "gauge", "nvml"),
+               ChannelMeta(f"gpu.{g}.mem_used", "bytes", "gauge", "nvml"),
+               ChannelMeta(f"gpu.{g}.mem_total", "bytes", "gauge", "nvml"),
                ChannelMeta(f"gpu.{g}.power", "W", "gauge", "nvml"),
-               ChannelMeta(f"gpu.{g}.temp", "C", "gauge", "nvml")]
+               ChannelMeta(f"gpu.{g}.temp", "degC", "gauge", "nvml"),
+               ChannelMeta(f"gpu.{g}.clock_sm", "MHz", "gauge", "nvml")]
     return ch
 
 
@@ -100,6 +102,7 @@ def make_run(run_dir: str, seconds: float = 120.0, interval: float = 0.5, cores:
         V[:, idx[f"gpu.{g}.mem_total"]] = 80 * 1024 ** 3
         V[:, idx[f"gpu.{g}.power"]] = np.where(in_cpu, 150, 280) + rng.normal(0, 5, n)
         V[:, idx[f"gpu.{g}.temp"]] = 65 + rng.normal(0, 0.5, n)
+        V[:, idx[f"gpu.{g}.clock_sm"]] = 1980.0
     for i in range(extra_gauges):
         V[:, idx[f"system.extra{i}"]] = rng.normal(100, 10, n)
     w = SegmentWriter(run_dir, chans, segment_s=segment_s)

@@ -114,7 +114,7 @@ def test_run_without_anomalies_says_so(tmp_path):
     out = render_text(rep, color=False, run_dir=d)
     flat = _squash(out)
     assert "No anomalies" in flat and "What to do" not in flat
-    assert "checked 118 windows of 3.0 s over 31 of 48 channels" in flat
+    assert "checked 118 windows of 3.0 s over 31 of 49 channels" in flat
     cpu_mean = float(re.search(r"CPU .*? (\d+) % mean", flat).group(1))
     assert 40 <= cpu_mean <= 50  # the calm run's 45 % busy
 

@@ -79,8 +79,10 @@ def unit_scale(unit: str, magnitude: float = 0.0) -> tuple[float, str]:
         return COUNTER_DISPLAY[unit[:-2]]
     if unit in ("count/s",):
         return 1.0, "/s"
-    if unit == "C":
+    if unit in ("C", "degC"):
         return 1.0, "°C"
+    if unit == "bytes" and magnitude >= 1024 ** 3:
+        return 1.0 / 1024 ** 3, "GiB"
     if unit == "kB":
         return (1.0 / 1024 ** 2, "GiB") if magnitude >= 1024 ** 2 else (1.0 / 1024, "MiB")
     return 1.0, unit
@@ -98,7 +100,7 @@ def display_scale(channel: str, channels: dict[str, dict] | None) -> tuple[float
         if u in COUNTER_DISPLAY:
             return COUNTER_DISPLAY[u]
         return 1.0, "/s" if u in ("", "count") else f"{u}/s"
-    if u == "C":
+    if u in ("C", "degC"):
         u = "°C"
     return 1.0, u
 

@@ -222,7 +222,9 @@ def key_series(frame: Frame) -> list[Series]:
         for key, label, unit, fields in (("util", f"GPU{g} utilization (SM busy)", "%", GPU_UTIL),
                                          ("mem", f"GPU{g} memory used", "GiB", GPU_MEM_USED),
                                          ("power", f"GPU{g} power", "W", GPU_POWER),
-                                         ("temp", f"GPU{g} temperature", "°C", GPU_TEMP)):
+                                         ("temp", f"GPU{g} temperature", "°C", GPU_TEMP),
+                                         ("clock", f"GPU{g} SM clock (throttling shows here)",
+                                          "MHz", ("clock_sm",))):
             y, f = _first(frame, names, p, fields)
             if y is not None and key == "mem":
                 y = _to_gib(y, units.get(p + f, "B"))
