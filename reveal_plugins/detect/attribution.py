@@ -11,6 +11,8 @@ discounted by ``CPU_CARRIER``.
 """
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from .features import robust_center_scale
@@ -45,7 +47,8 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^network\.(tcp|tcpext)\.(RetransSegs|TCPLostRetransmit|TCPTimeouts|TCPSynRetrans|"
      r"TCPFastRetrans|TCPSlowStartRetrans|TCPLossProbes)$", +1, 5.0),
     (r"^network\.(?!lo\.)[^.]+\.(rx|tx)_(errs|drop|fifo|frame|carrier)$", +1, 1.0),
-    (r"^network\.(?!lo\.)[^.]+\.(rx|tx)_(bytes|packets)$", -1, -0.5),
+    (r"^network\.[^.]+\.(rx|tx)_bytes$", -1, -0.5),      # halved (and >= 1 MiB/s, below)
+    (r"^network\.[^.]+\.(rx|tx)_packets$", -1, -0.5),    # (and >= 500 packets/s)
     (r"^network\.ib\..*(err|discard|xmit_wait|symbol|link_down)", +1, 1.0),
     (r"^gpu\.\d+\.throttle_(?!idle|sync_boost)", +1, 0.5),
     (r"^gpu\.\d+\.(clock_sm|sm_clock_pct_of_max)$", -1, -0.1),
@@ -59,8 +62,13 @@ SYMPTOMS: list[tuple[str, int, float]] = [
 _SYMPTOM_RX = None
 
 
-def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(is_symptom, direction, minimum change) per channel."""
+#: Relative symptoms also need an absolute drop (a link idling at 2 KiB/s that halves is not a
+#: network problem; a loopback that carried a rank's all-reduce at 30 MiB/s and collapses is).
+_REL_ABS = ((r"_bytes$", 1048576.0), (r"_packets$", 500.0))
+
+
+def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(is_symptom, direction, minimum change, absolute minimum of relative ones) per channel."""
     import re
 
     global _SYMPTOM_RX
@@ -69,32 +77,38 @@ def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     is_s = np.zeros(len(names), bool)
     dirn = np.zeros(len(names))
     mins = np.zeros(len(names))
+    absm = np.zeros(len(names))
     for i, n in enumerate(names):
         for rx, d, m in _SYMPTOM_RX:
             if rx.search(n):
                 is_s[i], dirn[i], mins[i] = True, d, m
+                if m < 0:
+                    for pat, v in _REL_ABS:
+                        if re.search(pat, n):
+                            absm[i] = v
                 break
-    return is_s, dirn, mins
+    return is_s, dirn, mins, absm
 
 
 def symptom_hits(dev: np.ndarray, observed: np.ndarray, center: np.ndarray,
-                 mask: tuple[np.ndarray, np.ndarray, np.ndarray], min_dev: float) -> np.ndarray:
+                 mask: tuple, min_dev: float) -> np.ndarray:
     """Boolean per channel: a symptom moved ``min_dev`` spreads in its harmful direction and by
     its practical minimum (absolute, or relative when the minimum is negative)."""
-    is_s, dirn, mins = mask
+    is_s, dirn, mins, absm = mask
     delta = np.nan_to_num((observed - center) * dirn, nan=0.0)
     rel = mins < 0
-    big = np.where(rel, delta >= -mins * np.abs(center), delta >= mins)
+    big = np.where(rel, (delta >= -mins * np.abs(center)) & (delta >= absm),
+                   delta >= mins)
     return is_s & (dev * dirn >= min_dev) & big
 
 
 def symptom_strength(dev: np.ndarray, observed: np.ndarray, center: np.ndarray,
-                     mask: tuple[np.ndarray, np.ndarray, np.ndarray], min_dev: float
+                     mask: tuple, min_dev: float
                      ) -> np.ndarray:
     """Per channel: how many times its practical minimum a symptom moved (0 when it is not a
     symptom or did not reach ``min_dev`` spreads).  A throughput that fell to 1 % of its level
     is a strong finding even when the level itself fluctuates a lot."""
-    is_s, dirn, mins = mask
+    is_s, dirn, mins, _ = mask
     delta = np.nan_to_num((observed - center) * dirn, nan=0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         k = np.where(mins < 0, delta / (-mins * np.abs(center)), delta / np.abs(mins))
