@@ -223,8 +223,8 @@ def network_degradation(anomaly: dict, context: Ctx) -> list[dict]:
     collapse = _moved(context, r"^network\.[^.]+\.(rx|tx)_(bytes|packets)$", 3, -1)
     if not (retrans or (collapse and anomaly.get("subsystem") == "network")):
         return []
-    ifaces = sorted({n.split(".")[1] for n, _ in collapse
-                     if n.split(".")[1] not in ("tcp", "lo")})
+    ifaces = sorted({n.split(".")[1] for n, _ in collapse if n.split(".")[1] != "lo"}) or \
+        sorted({n.split(".")[1] for n, _ in collapse})
     iface = ifaces[0] if ifaces else "<iface>"
     sig = retrans + collapse
     title = ("Network slowdown: TCP retransmissions" if retrans else
