@@ -36,7 +36,7 @@ case "$MODE" in
             STRESS=(stress-ng --hdd 2 --hdd-bytes "${HDD_BYTES:-512M}" --hdd-opts fsync
                     --temp-path "$SCRATCH" --timeout "${STRESS_FOR}s" --quiet) ;;
     memory) SCRATCH=""
-            STRESS=(stress-ng --vm 2 --vm-bytes "${VM_BYTES:-60%}" --vm-keep --page-in
+            STRESS=(stress-ng --vm 1 --vm-bytes "${VM_BYTES:-60%}" --vm-keep --page-in
                     --timeout "${STRESS_FOR}s" --quiet) ;;
     *) echo "io_pressure.sh: MODE must be io or memory, got '$MODE'" >&2; exit 2 ;;
 esac
