@@ -81,3 +81,24 @@ def test_700_channels_prunes_and_finds():
     det = detect(t, v, ch)
     assert det.analysis["pruned"] > 0
     assert [a["subsystem"] for a in det.anomalies] == ["storage"]
+
+
+def test_gpu_invariants_pcie_link_and_xid():
+    from reveal_plugins.types import ChannelMeta
+
+    n = 1200
+    t = 1.7e9 + np.arange(n) * 0.1
+    ch = [ChannelMeta("gpu.0.util_sm", "%", "gauge", "nvml"),
+          ChannelMeta("gpu.0.pcie_link_gen", "gen", "gauge", "nvml"),
+          ChannelMeta("gpu.0.pcie_link_gen_max", "gen", "gauge", "nvml"),
+          ChannelMeta("gpu.0.xid_events", "events", "counter", "nvml"),
+          ChannelMeta("cpu.procs_running", "tasks", "gauge", "procfs")]
+    rng = np.random.default_rng(0)
+    v = np.column_stack([90 + rng.standard_normal(n), np.full(n, 1.0), np.full(n, 4.0),
+                         np.where(np.arange(n) >= 800, 1.0, 0.0),
+                         2 + rng.integers(0, 2, n)])
+    det = detect(t, v, ch)
+    titles = [h["title"] for a in det.anomalies for h in a["hints"]]
+    assert all(a["subsystem"] == "gpu" for a in det.anomalies)
+    assert any("PCIe link below" in x for x in titles)
+    assert any("XID" in x for x in titles)

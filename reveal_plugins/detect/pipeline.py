@@ -325,6 +325,27 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": impact,
                                      "facts": meta.get("facts") or {}})
         anomalies.append(an)
+    for inv in attr.invariant_findings(P.t, P.X, P.names, P.units, P.interval_s):
+        obs_v = center.astype(np.float64).copy()
+        c_ref = center.copy()
+        for j, (base, val) in inv["channels"].items():
+            c_ref[j], obs_v[j] = base, val
+        sc = scale.copy()
+        dev = np.zeros(len(P.names))
+        for j, (base, val) in inv["channels"].items():
+            dev[j] = (val - base) / max(float(floors[j]), 1e-9)
+        ev = attr.evidence(dev, obs_v, c_ref, P.names, P.units, min_dev=0.0,
+                           top=len(inv["channels"]))
+        an = {"id": "", "start": inv["start"], "end": inv["end"], "node": host,
+              "step_id": _step_of(meta, events, inv["start"]), "subsystem": "gpu",
+              "score": round(float(inv["score"]), 2), "evidence": ev, "hints": [],
+              "invariant": inv["why"]}
+        chans = {P.names[j]: {"baseline": attr._num(c_ref[j]), "observed": attr._num(obs_v[j]),
+                              "deviation": round(float(dev[j]), 2), "unit": P.units[j]}
+                 for j in inv["channels"]}
+        an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": None,
+                                     "facts": meta.get("facts") or {}})
+        anomalies.append(an)
     if weak:
         out.notes.append(f"{weak} candidate window group(s) dismissed: no channel moved by "
                          f"{cfg['min_deviation']:g} robust spreads (or its practical floor)")
