@@ -195,3 +195,24 @@ def test_reveal_command_dispatches_report(report_run):
     assert r.returncode == 0, r.stderr
     assert "What to do" in r.stdout and not ANSI.search(r.stdout)
     assert r.stderr == ""  # no progress noise when not on a terminal
+
+
+def test_real_pipeline_output_renders(tmp_path):
+    """The detection pipeline's own report (its units, impact form, notes) reads right."""
+    from reveal_plugins.analysis import analyze_and_publish
+    d = str(tmp_path / "run")
+    make_run(d, seconds=180, interval=0.1, cpu_episode=(60, 100), io_episode=(130, 145),
+             gpus=0)
+    rep = analyze_and_publish(d, publish=False)
+    with open(SCHEMA_PATH) as f:
+        jsonschema.validate(rep, json.load(f))
+    flat = _squash(render_text(rep, color=False, run_dir=d))
+    cpu = [a for a in rep["anomalies"] if a["subsystem"] == "cpu"]
+    assert cpu, rep["summary"]
+    assert re.search(r"#\d CPU \+[01]:\d\d → \+1:\d\d", flat)
+    # impact from the pipeline's iteration markers: 0.2 s -> 0.45 s
+    assert re.search(r"iteration time 0\.2\d s → 0\.4\d s · \+1\d\d %, 2\.\d× slower", flat)
+    # counters shown in readable units, never raw µs/s or ticks/s
+    assert "us/s" not in flat and "ticks/s" not in flat
+    assert "What to do" in flat and "CRITICAL" in flat
+    assert re.search(r"checked \d+ windows of 3\.0 s", flat)
