@@ -211,6 +211,7 @@ class Recording:
             print(f"reveal: analysis of {self.run_dir} failed: {type(e).__name__}: {e}",
                   file=self.stream)
             return
-        print(summary_text(self.report, self.run_dir, color=self.stream.isatty()),
+        color = self.stream.isatty() and not os.environ.get("NO_COLOR")
+        print(summary_text(self.report, self.run_dir, color=color),
               file=self.stream)
         print(f"reveal: run directory {self.run_dir}", file=self.stream)
