@@ -57,8 +57,11 @@ PY
     say "pip install -e '.[html]'  (reveal, its dependencies, matplotlib for the HTML report)"
     python3 -m pip install -q -e '.[html]' 2>&1 | grep -v "^\s*$" | tail -5 || true
     if ! python3 -c 'import torch' 2>/dev/null; then
-        say "pip install torch (CPU-only wheel, ~200 MB)"
-        python3 -m pip install -q --retries 1 torch --index-url https://download.pytorch.org/whl/cpu
+        say "pip install torch (CPU-only build, ~200 MB)"
+        # torch==2.13.0 is the CPU build where a local wheel cache provides it; elsewhere fall
+        # back to PyTorch's CPU-only index (a bare "torch" from PyPI pulls GBs of CUDA).
+        python3 -m pip install -q torch==2.13.0 2>/dev/null \
+            || python3 -m pip install -q --retries 1 torch --index-url https://download.pytorch.org/whl/cpu
     fi
     command -v reveal >/dev/null || { echo "demo.sh: 'reveal' not on PATH after install" >&2; exit 1; }
 }
