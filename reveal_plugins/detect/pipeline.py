@@ -211,25 +211,34 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         c0, s0 = attr.reference(Md, np.ones(len(Md), bool), floors[det_cols], rels[det_cols])
         with np.errstate(invalid="ignore"):
             reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
-        kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"],
-                          np.minimum(reach, 50.0))
+        # representatives: symptom channels first, then the channel that moves most
+        sym = attr.symptom_mask([P.names[i] for i in det_cols])[0]
+        prio = np.log1p(np.minimum(reach, 1e6)) + 100.0 * sym
+        kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"], prio)
         mcols = det_cols[kept]
         wfull = sliding_windows(P.t, P.X[:, mcols], cfg["window_s"], cfg["stride_s"],
                                 P.interval_s)
         F = feature_matrix(wfull)
         del wfull
         wide = np.array([s != "mean" for s in STATS] * len(mcols))
-        scaler = fit_scaler(F, feature_floors(floors[mcols], win.window_s), fitrows,
-                            np.repeat(rels[mcols], len(STATS)), wide)
+        ffl = feature_floors(floors[mcols], win.window_s)
+        frel = np.repeat(rels[mcols], len(STATS))
+        scaler = fit_scaler(F, ffl, fitrows, frel, wide)
         Z = scaler.transform(F)
-        del F
         # Fit on the core of the run: the windows nearest the centre (by feature norm).  An
         # anomaly covering a good part of the run would otherwise be learnt as normal (a
-        # principal component, a dense region for the forest).
-        norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
-        core = fitrows & (norm <= np.quantile(norm[fitrows], cfg["core_quantile"]))
-        if core.sum() < 10:
-            core = fitrows
+        # principal component, a dense region for the forest).  The scaler is refitted on
+        # the core too, so a long anomaly does not inflate the spreads it is measured in.
+        core = fitrows
+        for _ in range(2):
+            norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
+            core = fitrows & (norm <= np.quantile(norm[fitrows], cfg["core_quantile"]))
+            if core.sum() < 10:
+                core = fitrows
+                break
+            scaler = fit_scaler(F, ffl, core, frel, wide)
+            Z = scaler.transform(F)
+        del F
         normed, names = [], []
         for d in _detectors(cfg):
             try:

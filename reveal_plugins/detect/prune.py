@@ -49,12 +49,16 @@ def prune(M: np.ndarray, names: list[str], threshold: float = THRESHOLD,
         return np.arange(c), {}
     R = np.abs(correlation(M))
     strong = R >= threshold
+    # Only channels of the same subsystem represent each other: during an anomaly everything
+    # moves together, and a memory gauge must not stand in for CPU pressure.
+    subs = np.array([n.split(".", 1)[0] for n in names])
+    strong &= subs[:, None] == subs[None, :]
     degree = strong.sum(axis=1)
     derived = np.array([n.endswith(("_pct", "ipc", "_ratio")) or ".psi." in n for n in names])
     if priority is None:
         order = np.lexsort((-derived.astype(int), -degree))
     else:
-        order = np.lexsort((-derived.astype(int), -degree, -np.round(priority, 1)))
+        order = np.lexsort((-derived.astype(int), -degree, -np.asarray(priority, float)))
     removed = np.zeros(c, bool)
     kept: list[int] = []
     rep: dict[str, str] = {}
