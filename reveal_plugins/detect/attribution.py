@@ -140,6 +140,8 @@ def deviations(observed: np.ndarray, center: np.ndarray, scale: np.ndarray) -> n
 
 #: Channels whose name prefix is not the subsystem they speak for.
 _SUBSYSTEM_OF = (("memory.vm.pgpgin", "storage"), ("memory.vm.pgpgout", "storage"),
+                 ("cpu.perf.page_faults", "memory"), ("cpu.perf.major_faults", "memory"),
+                 ("cpu.run.perf.page_faults", "memory"), ("cpu.run.perf.major_faults", "memory"),
                  ("cpu.all.iowait", "storage"), ("storage.run.", "storage"),
                  ("system.ctxt", "cpu"), ("system.intr", "system"), ("system.nr_running", "cpu"))
 #: The job's own CPU use: when it drops, the job is being held back (by CPU contention, a slow
@@ -166,7 +168,8 @@ def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
                 # the job doing less is a consequence of whatever held it back: only a weak
                 # vote for CPU contention, the most common cause, when nothing else speaks
                 w = 0.5 * ACTIVITY_WEIGHT
-            subs.setdefault(subsystem_of(n), []).append(float(np.log1p(d)) * w)
+            # capped: one channel that went from ~0 to anything must not outvote the rest
+            subs.setdefault(subsystem_of(n), []).append(float(np.log1p(min(d, 50.0))) * w)
     out = {}
     for s, vals in subs.items():
         vals.sort(reverse=True)

@@ -51,9 +51,10 @@ def unit_floor(name: str, unit: str) -> float:
         if u == "tasks" and "threads" in leaf:
             return 8.0
         return f
-    if re.search(r"(err|drop|retrans|timeout|fault|xid|ecc|oom|fail|lost|abort|overflow)",
-                 leaf):
-        return 1.0 if not leaf.startswith("pgfault") else 500.0
+    if "fault" in leaf:
+        return 20.0 if ("major" in leaf or "majfault" in leaf) else 500.0
+    if re.search(r"(err|drop|retrans|timeout|xid|ecc|oom|fail|lost|abort|overflow)", leaf):
+        return 1.0
     if "load" in leaf:
         return 0.5
     if u.endswith("/s"):

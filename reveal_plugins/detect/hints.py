@@ -72,9 +72,19 @@ def _severity(anomaly: dict, ctx: Ctx, base: str = "warning") -> str:
     return base
 
 
+_RULE_SUBSYSTEM = {"cpu_contention": "cpu", "cpu_steal": "cpu", "cpu_frequency": "cpu",
+                   "memory_pressure": "memory", "memory_bandwidth": "memory",
+                   "storage_stall": "storage", "network_degradation": "network",
+                   "network_errors": "network", "gpu_throttling": "gpu", "gpu_pcie_link": "gpu",
+                   "gpu_ecc_xid": "gpu", "gpu_input_bound": "gpu"}
+
+
 def _hint(title: str, why: str, action: str, severity: str, rule: str, **extra: Any) -> dict:
-    return {"title": title, "why": why, "action": action, "severity": severity, "rule": rule,
-            **extra}
+    h = {"title": title, "why": why, "action": action, "severity": severity, "rule": rule,
+         **extra}
+    if rule in _RULE_SUBSYSTEM:
+        h["subsystem"] = _RULE_SUBSYSTEM[rule]
+    return h
 
 
 def _impact_text(ctx: Ctx) -> str:

@@ -157,7 +157,7 @@ class LiveAnalyzer:
                     hits = strength > 0
                     sub, _ = attr.choose_subsystem(dev, self._names, hits)
                     self._other = self._other + [key] if sub != self._active["subsystem"] else []
-                    if len(self._other) >= cfg["min_windows"]:
+                    if len(self._other) >= 2 * cfg["min_windows"]:
                         self._run, self._other = list(self._other), []
                         out.append(self._finding(win, means, center, scale,
                                                  float(win.mid[i])))

@@ -412,7 +412,9 @@ def hints_for(anomaly: dict, context: dict) -> list[dict]:
             hints.append(h)
     specific = [h for h in hints if not h.get("fallback")]
     hints = specific or hints
-    hints.sort(key=lambda h: _SEV[h["severity"]])
+    # the rule about the anomaly's own subsystem first, then by severity
+    sub = anomaly.get("subsystem")
+    hints.sort(key=lambda h: (h.get("subsystem", sub) != sub, _SEV[h["severity"]]))
     return hints
 
 
