@@ -31,10 +31,10 @@ LIVE_DEFAULTS: dict[str, Any] = {
     "skip_s": 15.0,           # start-up of the run (imports, data loading) is not a reference
     "ref_gap_s": 6.0,         # the newest seconds are never part of the reference
     "min_reference": 15,      # reference windows needed before anything is flagged
-    "threshold": 6.0,         # top-2 mean |deviation| of a window
+    "threshold": 7.0,         # top-2 mean |deviation| of a window
     "min_deviation": 4.0,     # a symptom channel must move this far (harmful direction)
     "min_windows": 2,         # consecutive flagged windows for a finding
-    "gap_s": 5.0,             # normal time that ends a finding
+    "gap_s": 10.0,            # normal time that ends a finding
 }
 
 
@@ -156,7 +156,11 @@ class LiveAnalyzer:
                     # a different subsystem taking over while flags go on is a new finding
                     hits = strength > 0
                     sub, _ = attr.choose_subsystem(dev, self._names, hits)
-                    self._other = self._other + [key] if sub != self._active["subsystem"] else []
+                    hit_subs = {attr.subsystem_of(self._names[j]) for j in np.nonzero(hits)[0]
+                                if not attr._JOB_SHARE.match(self._names[j])}
+                    # only when the new side has symptoms of its own
+                    moved = sub != self._active["subsystem"] and sub in hit_subs
+                    self._other = self._other + [key] if moved else []
                     if len(self._other) >= 2 * cfg["min_windows"]:
                         self._run, self._other = list(self._other), []
                         out.append(self._finding(win, means, center, scale,
