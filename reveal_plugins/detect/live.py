@@ -116,6 +116,7 @@ class LiveAnalyzer:
             self._rels = rel_floors(units)
             self._units = units
             self._mask = attr.symptom_mask(names)
+            self._job_share = np.array([bool(attr._JOB_SHARE.match(n)) for n in names])
         # Windows on a grid anchored at the run's first sample, so starts are stable.
         stride = cfg["stride_s"]
         t0 = self._t_first + stride * np.ceil((self._t[0] - self._t_first) / stride)
@@ -142,7 +143,8 @@ class LiveAnalyzer:
             top = np.sort(a)[-2:].mean() if len(a) >= 2 else float(a.max(initial=0))
             strength = attr.symptom_strength(dev, means[i], center, self._mask,
                                              cfg["min_deviation"])
-            harmful = bool(np.any(strength > 0))
+            # the job's own CPU share dropping alone is too ambiguous on a 2-s decision
+            harmful = bool(np.any((strength > 0) & ~self._job_share))
             # a symptom well past its practical minimum counts as that many min_deviations
             top = max(top, float(strength.max(initial=0.0)) * cfg["min_deviation"])
             key = round(float(win.start[i]), 3)
