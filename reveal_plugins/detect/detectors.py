@@ -91,21 +91,10 @@ class PCADetector:
         return np.sqrt(spe + t2)
 
 
-def _c(n: np.ndarray | float) -> np.ndarray:
-    """Average path length of an unsuccessful BST search among n points (Liu et al. 2008)."""
-    n = np.asarray(n, dtype=np.float64)
-    out = np.zeros_like(n)
-    big = n > 2
-    out[big] = 2.0 * (np.log(n[big] - 1.0) + 0.5772156649) - 2.0 * (n[big] - 1.0) / n[big]
-    out[n == 2] = 1.0
-    return out
-
-
 class IsolationForestDetector:
-    """Isolation forest (Liu, Ting & Zhou 2008): windows that few random axis-parallel splits
-    isolate.  A small numpy implementation (same algorithm and defaults as scikit-learn's:
-    100 trees, 256 samples, depth limit log2(256)) so that analysis does not pay
-    scikit-learn's import time on every job end."""
+    """Isolation forest (Liu, Ting & Zhou 2008; scikit-learn's implementation): windows that
+    few random axis-parallel splits isolate.  Imported lazily: scikit-learn's ensemble module
+    takes ~1 s to import, paid only when analysis runs."""
 
     name = "iforest"
     score_floor = 0.02
@@ -128,77 +117,22 @@ class IsolationForestDetector:
         return X
 
     def fit(self, X: np.ndarray) -> "IsolationForestDetector":
+        from sklearn.ensemble import IsolationForest
         X = self._view(X)
-        self.trees_ = []
-        n, d = X.shape
-        if n < 8 or d == 0:
+        self.model_ = None
+        if len(X) < 8 or X.shape[1] == 0:
             return self
-        rng = np.random.default_rng(self.random_state)
-        psi = min(self.max_samples, n)
-        self.psi_ = psi
-        hlim = int(np.ceil(np.log2(max(psi, 2))))
-        for _ in range(self.n_estimators):
-            idx = rng.choice(n, psi, replace=False)
-            self.trees_.append(self._tree(X[idx], rng, hlim))
+        self.model_ = IsolationForest(n_estimators=self.n_estimators,
+                                      max_samples=min(self.max_samples, len(X)),
+                                      random_state=self.random_state).fit(X)
         return self
-
-    @staticmethod
-    def _tree(X: np.ndarray, rng: np.random.Generator, hlim: int):
-        feat, thr, left, right, size = [], [], [], [], []
-
-        def new() -> int:
-            feat.append(-1)
-            thr.append(0.0)
-            left.append(-1)
-            right.append(-1)
-            size.append(0)
-            return len(feat) - 1
-
-        d = X.shape[1]
-        stack = [(new(), np.arange(len(X)), 0)]
-        while stack:
-            node, idx, depth = stack.pop()
-            size[node] = len(idx)
-            if depth >= hlim or len(idx) <= 1:
-                continue
-            for _ in range(8):        # like scikit-learn: skip features constant here
-                f = int(rng.integers(d))
-                col = X[idx, f]
-                lo, hi = col.min(), col.max()
-                if hi > lo:
-                    break
-            else:
-                continue
-            split = rng.uniform(lo, hi)
-            m = col < split
-            feat[node], thr[node] = f, split
-            left[node], right[node] = new(), new()
-            stack.append((left[node], idx[m], depth + 1))
-            stack.append((right[node], idx[~m], depth + 1))
-        return (np.array(feat), np.array(thr), np.array(left), np.array(right),
-                np.array(size), hlim)
 
     def score_samples(self, X: np.ndarray) -> np.ndarray:
         X = self._view(X)
-        if not getattr(self, "trees_", None):
+        if getattr(self, "model_", None) is None:
             return np.zeros(len(X))
-        rows = np.arange(len(X))
-        total = np.zeros(len(X))
-        for feat, thr, left, right, size, hlim in self.trees_:
-            node = np.zeros(len(X), dtype=np.intp)
-            depth = np.zeros(len(X))
-            for _ in range(hlim + 1):
-                f = feat[node]
-                inner = f >= 0
-                if not inner.any():
-                    break
-                go_left = X[rows, np.where(inner, f, 0)] < thr[node]
-                nxt = np.where(go_left, left[node], right[node])
-                node = np.where(inner, nxt, node)
-                depth += inner
-            total += depth + _c(size[node])
-        mean = total / len(self.trees_)
-        return 2.0 ** (-mean / _c(np.array([self.psi_]))[0])
+        # scikit-learn returns the opposite of the paper's anomaly score s(x) in (0, 1]
+        return -self.model_.score_samples(X)
 
 
 def builtin_detectors(config: dict | None = None) -> list:
