@@ -13,27 +13,18 @@ import os
 import re
 
 from ..types import ChannelMeta
-from .probe import Probe
-from .sysfs import ValueFile, read_text
+from .sysfs import SysfsProbe, ValueFile, read_text
 
 
-class CpufreqProbe(Probe):
+class CpufreqProbe(SysfsProbe):
     name = "cpufreq"
+    default_root = "/sys/devices/system/cpu"
 
-    def __init__(self, root: str = "/sys/devices/system/cpu"):
-        super().__init__()
-        self.root = root
+    def __init__(self, root: str | None = None):
+        super().__init__(root)
         self.note = ""
         self.governors: dict[str, list[int]] = {}
-        self._files: list[ValueFile] = []
         self._static: list[float] = []
-
-    def open(self) -> None:
-        try:
-            self._open()
-        except Exception as e:  # open() never raises
-            self.close()
-            self._unavailable(f"cpufreq: {type(e).__name__}: {e}")
 
     def _open(self) -> None:
         cpus = []
@@ -74,11 +65,6 @@ class CpufreqProbe(Probe):
 
     def sample(self) -> list[float]:
         return [f.read() for f in self._files] + self._static
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []
 
     def describe(self) -> dict:
         d = super().describe()

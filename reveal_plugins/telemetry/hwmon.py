@@ -13,26 +13,14 @@ import os
 import re
 
 from ..types import ChannelMeta
-from .probe import Probe
-from .sysfs import ValueFile, read_text, slug
+from .sysfs import SysfsProbe, ValueFile, read_text, slug
 
 CPU_CHIPS = {"coretemp", "k10temp", "zenpower", "cpu_thermal"}
 
 
-class HwmonProbe(Probe):
+class HwmonProbe(SysfsProbe):
     name = "hwmon"
-
-    def __init__(self, root: str = "/sys/class/hwmon"):
-        super().__init__()
-        self.root = root
-        self._files: list[ValueFile] = []
-
-    def open(self) -> None:
-        try:
-            self._open()
-        except Exception as e:  # open() never raises
-            self.close()
-            self._unavailable(f"hwmon: {type(e).__name__}: {e}")
+    default_root = "/sys/class/hwmon"
 
     def _open(self) -> None:
         if not os.path.isdir(self.root):
@@ -78,11 +66,3 @@ class HwmonProbe(Probe):
         seen.add(name)
         self._files.append(f)
         channels.append(ChannelMeta(name, unit, "gauge", self.name, desc))
-
-    def sample(self) -> list[float]:
-        return [f.read() for f in self._files]
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []

@@ -18,8 +18,7 @@ import glob
 import os
 
 from ..types import ChannelMeta
-from .probe import Probe
-from .sysfs import ValueFile, slug
+from .sysfs import SysfsProbe, ValueFile, slug
 
 _WORDS = {"port_rcv_data", "port_xmit_data"}
 _PACKETS = {"port_rcv_packets", "port_xmit_packets", "unicast_rcv_packets",
@@ -36,20 +35,9 @@ def _unit(counter: str) -> str:
     return "events"
 
 
-class InfinibandProbe(Probe):
+class InfinibandProbe(SysfsProbe):
     name = "infiniband"
-
-    def __init__(self, root: str = "/sys/class/infiniband"):
-        super().__init__()
-        self.root = root
-        self._files: list[ValueFile] = []
-
-    def open(self) -> None:
-        try:
-            self._open()
-        except Exception as e:  # open() never raises
-            self.close()
-            self._unavailable(f"infiniband: {type(e).__name__}: {e}")
+    default_root = "/sys/class/infiniband"
 
     def _open(self) -> None:
         if not os.path.isdir(self.root):
@@ -91,11 +79,3 @@ class InfinibandProbe(Probe):
             return
         self._files.append(f)
         channels.append(ChannelMeta(name, unit, kind, self.name, desc))
-
-    def sample(self) -> list[float]:
-        return [f.read() for f in self._files]
-
-    def close(self) -> None:
-        for f in self._files:
-            f.close()
-        self._files = []

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import re
 
-from .probe import NAN
+from .probe import NAN, Probe
 
 _BAD = re.compile(r"[^a-z0-9]+")
 
@@ -45,3 +45,35 @@ def read_text(path: str) -> str | None:
             return f.read().strip()
     except OSError:
         return None
+
+
+class SysfsProbe(Probe):
+    """A probe made of sysfs attribute files under ``root`` (a parameter, so tests can point it
+    at a fake tree).  Subclasses implement ``_open()`` filling ``self._files`` and calling
+    ``_ready``/``_unavailable``; any exception there makes the probe unavailable, never raised.
+    """
+
+    default_root = "/sys"
+
+    def __init__(self, root: str | None = None):
+        super().__init__()
+        self.root = root or self.default_root
+        self._files: list[ValueFile] = []
+
+    def open(self) -> None:
+        try:
+            self._open()
+        except Exception as e:  # open() never raises
+            self.close()
+            self._unavailable(f"{self.name}: {type(e).__name__}: {e}")
+
+    def _open(self) -> None:
+        raise NotImplementedError
+
+    def sample(self) -> list[float]:
+        return [f.read() for f in self._files]
+
+    def close(self) -> None:
+        for f in self._files:
+            f.close()
+        self._files = []
