@@ -61,8 +61,11 @@ def test_iteration_markers_give_impact():
            "dt": 0.26 if h.t0 + 60 <= x < h.t0 + 80 else 0.2}
           for i, x in enumerate(np.arange(h.t0 + 1, h.t0 + 119, 0.25))]
     a = detect(t, v, ch, events=ev).anomalies[0]
-    assert a["impact"]["iteration_time_pct"] == pytest.approx(30, abs=1)
-    assert "iteration time +30%" in a["impact"]["text"]
+    # time spent / iterations done over the event's span (which starts and ends a little
+    # outside the injected 20 s): between the diluted and the pure +30 %
+    pct = a["impact"]["iteration_time_pct"]
+    assert 20 <= pct <= 30.5
+    assert f"iteration time +{pct:.0f}%" in a["impact"]["text"]
 
 
 def test_custom_window_and_stride():
@@ -102,3 +105,24 @@ def test_gpu_invariants_pcie_link_and_xid():
     assert all(a["subsystem"] == "gpu" for a in det.anomalies)
     assert any("PCIe link below" in x for x in titles)
     assert any("XID" in x for x in titles)
+
+
+def test_slowdown_soon_after_start_is_reported_when_markers_show_steady_training(synth_run):
+    """An anomaly that begins right after the start-up grace is taken for slow start-up...
+    unless iteration markers show training was already running steadily and then slowed."""
+    from reveal_plugins.telemetry.store import append_event
+    plain = synth_run("plain", 180.0, anomalies=[("storage", 12.0, 30.0)], seed=3)
+    rep = analyze(plain)
+    assert not any(a["subsystem"] == "storage" for a in rep["anomalies"])
+    assert any(o["subsystem"] == "storage" and "start-up" in o["why_not_anomaly"]
+               for o in rep.get("observations", []))
+    marked = synth_run("marked", 180.0, anomalies=[("storage", 12.0, 30.0)], seed=3)
+    t0 = 1.7e9
+    for k in range(170):
+        t = t0 + 3.0 + k
+        slow = 12.0 <= t - t0 < 30.0
+        append_event(marked, "iteration", t, rank=0, step=k, dt=0.3 if slow else 0.1)
+    rep = analyze(marked)
+    sto = [a for a in rep["anomalies"] if a["subsystem"] == "storage"]
+    assert sto and sto[0]["start"] - t0 < 16
+    assert sto[0]["impact"]["iteration_time_pct"] > 100

@@ -227,27 +227,32 @@ def _num(x: float) -> float | None:
 
 def iteration_impact(events: list[dict], start: float, end: float,
                      anomalous: list[tuple[float, float]]) -> dict | None:
-    """Median iteration time inside [start, end] vs outside every anomaly, when markers exist."""
-    its = [(float(e["t"]), float(e["dt"])) for e in events
+    """Mean iteration time inside [start, end] vs outside every anomaly, when markers exist.
+
+    Time per iteration = time spent / iterations done (events carry ``n`` merged steps): a
+    plain median over events would let the many events of fast stretches outvote the few of a
+    slow one."""
+    its = [(float(e["t"]), float(e["dt"]), float(e.get("n") or 1)) for e in events
            if e.get("event") == "iteration" and isinstance(e.get("dt"), (int, float))
            and e["dt"] > 0]
     if len(its) < 4:
         return None
-    t = np.array([a for a, _ in its])
-    dt = np.array([b for _, b in its])
+    t = np.array([a for a, _, _ in its])
+    dt = np.array([b for _, b, _ in its])
+    n = np.array([c for _, _, c in its])
     inside = (t >= start) & (t <= end + 1.0)
     outside = np.ones(len(t), bool)
     for a, b in anomalous:
         outside &= ~((t >= a - 1.0) & (t <= b + 2.0))
     if inside.sum() < 1 or outside.sum() < 3:
         return None
-    base = float(np.median(dt[outside]))
-    obs = float(np.median(dt[inside]))
+    base = float(np.sum(dt[outside] * n[outside]) / np.sum(n[outside]))
+    obs = float(np.sum(dt[inside] * n[inside]) / np.sum(n[inside]))
     if base <= 0:
         return None
     pct = 100.0 * (obs - base) / base
     return {"iteration_time_pct": round(pct, 1), "iteration_time_s": round(obs, 6),
-            "iteration_time_baseline_s": round(base, 6), "iterations": int(inside.sum()),
+            "iteration_time_baseline_s": round(base, 6), "iterations": int(n[inside].sum()),
             "text": f"iteration time {pct:+.0f}% during this anomaly "
                     f"({obs:.3g} s vs {base:.3g} s typical)"}
 

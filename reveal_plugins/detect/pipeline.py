@@ -124,6 +124,16 @@ def _edge(s0: float, s1: float, starts: list[float], ends: list[float], cfg: dic
     return False
 
 
+def _steady_before(events: list[dict], s0: float, cfg: dict) -> bool:
+    """Iteration markers show training already running steadily before ``s0``: then an event
+    that begins near the start-up boundary and slows the iterations is not start-up."""
+    its = [float(e["t"]) for e in events if e.get("event") == "iteration" and "t" in e]
+    if len(its) < 5:
+        return False
+    first = min(its)
+    return sum(1 for t in its if first < t < s0) >= 3 and first + cfg["window_s"] < s0
+
+
 #: Memory "level" gauges that drift between runs with the page cache, not with the job.
 _BASELINE_SKIP = ("memory.Cached", "memory.Buffers", "memory.MemFree", "memory.Inactive",
                   "memory.Active", "memory.Dirty", "memory.Writeback", "memory.Mapped",
@@ -307,7 +317,8 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         if cfg["require_symptom"] and not symp and not slowed:
             why = ("activity changed but no pressure, stall, loss or throttling signal moved "
                    "(and no iteration slowdown)")
-        elif not from_baseline and _edge(s0, s1, starts, ends, cfg):
+        elif not from_baseline and _edge(s0, s1, starts, ends, cfg) and not (
+                slowed and _steady_before(events, s0, cfg)):
             why = ("contiguous with the start-up or teardown of the run/step (imports, data "
                    "loading, rendezvous, exit): not a steady-state anomaly")
         if why:

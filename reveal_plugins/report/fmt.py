@@ -236,13 +236,14 @@ def node_labels(reports: list[tuple[dict, str | None]]) -> list[str]:
 
 def top_evidence(anomaly: dict, channels: dict[str, dict] | None = None,
                  n: int = 3) -> tuple[list[tuple[str, str, str]], int]:
-    """The ``n`` strongest evidence lines and how many more channels moved.
+    """The first ``n`` evidence lines and how many more channels moved.
 
-    Lines that read the same (a partition and its disk, a stall counter and its 10 s average)
-    are shown once: the reader learns nothing from the second.
+    The pipeline's order is kept: it puts the symptoms and the anomaly's own subsystem first
+    (a storage stall leads with I/O pressure, not with the larger CPU swing it caused).  Lines
+    that read the same (a partition and its disk, a stall counter and its 10 s average) are
+    shown once: the reader learns nothing from the second.
     """
-    ev = sorted(anomaly.get("evidence") or [],
-                key=lambda e: (-abs(e.get("deviation") or 0), len(e["channel"])))
+    ev = list(anomaly.get("evidence") or [])
     rows: list[tuple[str, str, str]] = []
     seen: set[tuple[str, str]] = set()
     for e in ev:
