@@ -10,28 +10,25 @@ from ..hooks import call_safely
 from ..types import RunInfo
 
 
-def probe_inventory(include_run: bool = True) -> list[dict]:
+def _describe(batches: list, scope: str) -> list[dict]:
     rows = []
-    for batch in call_safely("reveal_register_probes", config={}):
+    for batch in batches:
         for p in batch:
             try:
                 p.open()
             except Exception as e:
                 p.available, p.reason = False, f"open() failed: {type(e).__name__}: {e}"
-            rows.append(dict(p.describe(), scope="host",
+            rows.append(dict(p.describe(), scope=scope,
                              subsystems=sorted({c.subsystem for c in p.channels})))
             p.close()
+    return rows
+
+
+def probe_inventory(include_run: bool = True) -> list[dict]:
+    rows = _describe(call_safely("reveal_register_probes", config={}), "host")
     if include_run:
         me = RunInfo(run_id="probe-check", run_dir="", pids=[os.getpid()], uid=os.getuid())
-        for batch in call_safely("reveal_register_run_probes", run=me, config={}):
-            for p in batch:
-                try:
-                    p.open()
-                except Exception as e:
-                    p.available, p.reason = False, f"open() failed: {type(e).__name__}: {e}"
-                rows.append(dict(p.describe(), scope="run",
-                                 subsystems=sorted({c.subsystem for c in p.channels})))
-                p.close()
+        rows += _describe(call_safely("reveal_register_run_probes", run=me, config={}), "run")
     return rows
 
 
