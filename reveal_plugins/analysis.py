@@ -31,12 +31,22 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     cfg = dict(config or {})
     if baseline:
         cfg["baseline"] = baseline
-    store.read_meta(run_dir)  # a clear error for a wrong directory, before any plugin runs
+    meta = store.read_meta(run_dir)  # a clear error for a wrong directory, before any plugin
     pm = get_plugin_manager()
-    report = pm.hook.reveal_analyze(run_dir=run_dir, config=cfg)
+    try:
+        report = pm.hook.reveal_analyze(run_dir=run_dir, config=cfg)
+    except (store.StoreError, ValueError):
+        raise                      # bad input or setting: the caller reports it to the user
+    except Exception as e:         # a crashed analysis must never read as a healthy run
+        log.exception("analysis plugin failed on %s", run_dir)
+        from .detect.report import failed_report
+        report = failed_report(meta, f"{type(e).__name__}: {e}")
     if report is None:
         raise AnalysisUnavailable("no analysis plugin is installed (reveal_analyze returned "
                                   "nothing)")
+    if report.get("status") not in ("ok", "partial", "failed"):
+        report["status"] = "ok"     # a site analyzer that predates the field
+        report.setdefault("status_reason", None)
     data = json.dumps(report, indent=1, sort_keys=False, default=_json_default).encode()
     try:
         store._atomic_write(os.path.join(run_dir, store.REPORT), data)

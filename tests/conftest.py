@@ -6,9 +6,9 @@ import sys
 
 HERE = pathlib.Path(__file__).parent
 sys.path.insert(0, str(HERE))
-SCHEMA_PATH = (HERE.parent.parent / "shared" / "report.schema.json")
-if not SCHEMA_PATH.exists():  # the schema is vendored for CI clones
-    SCHEMA_PATH = HERE.parent / "reveal_plugins" / "report" / "report.schema.json"
+# The repository's schema: the shared contract plus the fields this project added (status).
+SCHEMA_PATH = HERE.parent / "reveal_plugins" / "report" / "report.schema.json"
+SHARED_SCHEMA_PATH = HERE.parent.parent / "shared" / "report.schema.json"
 
 for _p in sorted(HERE.glob("fixtures_*.py")):
     _mod = importlib.import_module(_p.stem)

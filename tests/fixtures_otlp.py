@@ -337,7 +337,7 @@ def make_otel_report(n_anomalies: int = 3, source: str = "slurm", t0: float = 1_
             "hints": [{"title": f"hint {i}", "why": "because", "action": "do x",
                        "severity": "warning"}]})
     return {
-        "schema": "reveal.report/1",
+        "schema": "reveal.report/1", "status": "ok",
         "run": {"source": source, "job_id": "4242" if source == "slurm" else None,
                 "step_id": None, "user": "alice",
                 "command": ["python", "train.py", "--epochs", "3"], "exit_code": exit_code,

@@ -194,7 +194,7 @@ def make_report(meta: dict, anomalies: bool = True, samples: int | None = None) 
         ]
     n = samples if samples is not None else int((meta["end"] - start) / meta["interval_s"]) + 1
     return {
-        "schema": "reveal.report/1",
+        "schema": "reveal.report/1", "status": "ok",
         "run": {"source": run["source"], "job_id": run["job_id"], "step_id": run["step_id"],
                 "user": run["user"], "command": run["command"], "exit_code": meta["exit_code"],
                 "start": start, "end": meta["end"], "nodes": [run["host"]],
@@ -242,7 +242,7 @@ def make_empty_run(run_dir: str, host: str = "node01") -> dict:
 
 def empty_report(meta: dict) -> dict:
     run = meta["run"]
-    return {"schema": "reveal.report/1",
+    return {"schema": "reveal.report/1", "status": "ok",
             "run": {"source": run["source"], "job_id": None, "step_id": None,
                     "user": run["user"], "command": run["command"], "exit_code": 1,
                     "start": meta["start"], "end": meta["end"], "nodes": [run["host"]],

@@ -29,7 +29,7 @@ def test_onset_to_finding_within_10s_and_reported_once(report_schema_validate):
         assert a["subsystem"] == sub and a["live"] is True
         assert 0 <= a["detected_at"] - (h.t0 + 80) <= 10
         assert a["hints"] and a["evidence"]
-        report_schema_validate({"schema": "reveal.report/1",
+        report_schema_validate({"schema": "reveal.report/1", "status": "ok",
                                 "run": {"source": "local", "start": h.t0, "end": h.t0 + 150,
                                         "nodes": ["x"]},
                                 "telemetry": {"interval_s": 0.1, "samples": 1, "channels": 1,

@@ -54,15 +54,20 @@ def analyze_main(argv: list[str]) -> int:
     except (StoreError, BaselineError, ValueError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return 2
+    failed = report.get("status") == "failed"
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
-        return 0
-    try:
-        from ..analysis import summary_text
-        print(summary_text(report, args.run_dir))
-    except ImportError:  # pragma: no cover
-        print(report.get("summary", ""))
+    else:
+        try:
+            from ..analysis import summary_text
+            print(summary_text(report, args.run_dir))
+        except ImportError:  # pragma: no cover
+            print(report.get("summary", ""))
+    if failed:
+        print(f"reveal analyze: analysis of {args.run_dir} FAILED: "
+              f"{report.get('status_reason')}", file=sys.stderr)
+        return 1
     return 0
 
 

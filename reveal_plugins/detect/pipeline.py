@@ -23,7 +23,7 @@ from .events import group, hysteresis, span
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
 from .prepare import Prepared, informative, load_prepared, prepare
 from .prune import prune
-from .report import empty_report, run_section, summary, telemetry_section, SCHEMA
+from .report import failed_report, partial_reason, run_section, summary, telemetry_section, SCHEMA
 from .windows import STATS, windows_pieces as sliding_windows
 
 log = logging.getLogger(__name__)
@@ -468,13 +468,15 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
         del P
     except Exception as e:  # never a traceback for a user: a report that says what happened
         log.exception("analysis of %s failed", run_dir)
-        return empty_report(meta, notes + [f"analysis failed: {type(e).__name__}: {e}"],
-                            samples, len(metas), nbytes, t_first, t_last)
+        return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,
+                             channels=len(metas), bytes_stored=nbytes, t_first=t_first,
+                             t_last=t_last)
     notes += det.notes
     det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
     if bl is not None:
         det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
-    rep = {"schema": SCHEMA,
+    reason = partial_reason(notes)
+    rep = {"schema": SCHEMA, "status": "partial" if reason else "ok", "status_reason": reason,
            "run": run_section(meta, det.t_first, det.t_last),
            "telemetry": telemetry_section(meta, samples, len(metas), nbytes, None),
            "anomalies": det.anomalies, "observations": det.observations, "notes": notes,

@@ -65,14 +65,42 @@ def telemetry_section(meta: dict, samples: int, channels: int, bytes_stored: int
             "bytes_stored": int(max(bytes_stored, 0)), "probes": probes}
 
 
+STATUSES = ("ok", "partial", "failed")
+
+
 def empty_report(meta: dict, notes: list[str], samples: int = 0, channels: int = 0,
                  bytes_stored: int = 0, t_first: float | None = None,
-                 t_last: float | None = None, analysis: dict | None = None) -> dict:
-    rep = {"schema": SCHEMA, "run": run_section(meta, t_first, t_last),
+                 t_last: float | None = None, analysis: dict | None = None,
+                 status: str = "ok", reason: str | None = None) -> dict:
+    rep = {"schema": SCHEMA, "status": status, "status_reason": reason,
+           "run": run_section(meta, t_first, t_last),
            "telemetry": telemetry_section(meta, samples, channels, bytes_stored, None),
            "anomalies": [], "notes": list(notes), "analysis": analysis or {}}
     rep["summary"] = summary(rep)
     return rep
+
+
+def failed_report(meta: dict, reason: str, notes: list[str] | None = None, **kw: Any) -> dict:
+    """What a crashed analysis leaves: ``status: failed`` so that no reader (text, OTel, Slurm
+    summary) can take the missing anomalies for a healthy run."""
+    return empty_report(meta, list(notes or []) + [f"analysis failed: {reason}"],
+                        status="failed", reason=reason, **kw)
+
+
+#: Notes that mean part of the data or of the analysis was lost.
+_PARTIAL = (("skipped unreadable segment", "unreadable telemetry segment(s) skipped"),
+            ("ignored unfinished segment", "the last segment was never finished"),
+            ("detector ", "a detector failed"), ("gap(s) in the samples", "gaps in the samples"))
+
+
+def partial_reason(notes: list[str]) -> str | None:
+    """``status_reason`` for a report whose analysis finished on incomplete input."""
+    why = []
+    for n in notes:
+        for key, text in _PARTIAL:
+            if key in n and (key != "detector " or " failed" in n) and text not in why:
+                why.append(text)
+    return "; ".join(why) or None
 
 
 def _hms(t: float) -> str:
@@ -90,8 +118,13 @@ def summary(rep: dict, max_anomalies: int = 5) -> str:
              f"{tel['samples']} samples x {tel['channels']} channels"
              + (f", exit code {run['exit_code']}" if run.get("exit_code") is not None else "")]
     an = rep["anomalies"]
-    if not an:
+    if rep.get("status") == "failed":
+        lines.append(f"ANALYSIS FAILED ({rep.get('status_reason')}): no conclusion about this "
+                     "run; the absence of anomalies means nothing. Re-run `reveal analyze DIR`.")
+    elif not an:
         lines.append("No anomalies found: the machine behaved consistently during this run.")
+    if rep.get("status") == "partial":
+        lines.append(f"(partial analysis: {rep.get('status_reason')})")
     else:
         lines.append(f"{len(an)} anomal{'y' if len(an) == 1 else 'ies'} found "
                      f"(strongest first):")

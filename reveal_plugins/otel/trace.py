@@ -299,6 +299,10 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     root = tracer.start_span(ROOT_NAMES.get(source, f"{source} run"), kind=SpanKind.INTERNAL,
                              attributes=root_attributes(report, meta), start_time=_ns(start))
     root.set_status(_exit_status(run.get("exit_code")))
+    if report.get("status") == "failed":   # a crashed analysis is not a clean run
+        root.set_status(Status(StatusCode.ERROR,
+                               f"analysis failed: {report.get('status_reason')}"))
+    root.set_attribute("reveal.analysis.status", str(report.get("status", "ok")))
     root.set_attribute("reveal.telemetry.start", tel_start)
     root.set_attribute("reveal.telemetry.end", tel_end)
     root_ctx = trace_api.set_span_in_context(root)

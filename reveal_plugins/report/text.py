@@ -253,6 +253,10 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
                    + f" (it lasted {fmt.duration(report['run']['end'] - report['run']['start'])};"
                    f" the first sample comes after {fmt.number(tel.get('interval_s'), 's')}, "
                    "and a report needs a few seconds of samples to compare against).")
+    elif report.get("status") == "failed":
+        out.append(s("✗ Analysis failed", "bold", "red") + f" ({report.get('status_reason')}): "
+                   "nothing can be said about this run; the absence of anomalies means nothing.")
+        out.append("  Re-run `reveal analyze DIR`; the telemetry is kept.")
     elif not analysed:
         out.append(s(report.get("summary", "Not analysed."), "bold", "yellow"))
         out.append("  Run `reveal analyze DIR` once the detection plugin is installed.")
@@ -272,6 +276,8 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
             out.append(s(f"  … {len(anomalies) - MAX_ANOMALIES} lower-scored anomalies not "
                          "shown; see --format html or json", "dim"))
         out += _hints({"anomalies": shown}, s, width)
+    if report.get("status") == "partial":
+        out.append(s(f"  (partial analysis: {report.get('status_reason')})", "yellow"))
     out += _footnotes(report, s)
     return "\n".join(out) + "\n"
 

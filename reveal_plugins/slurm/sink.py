@@ -41,7 +41,10 @@ def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
             + (f", exit {s['exit_code']}" if s.get("exit_code") is not None else "") + ")"
             for s in steps))
     anomalies = sorted(report.get("anomalies") or [], key=lambda a: -float(a.get("score", 0)))
-    if not anomalies:
+    if report.get("status") == "failed":
+        lines.append(f"  ANALYSIS FAILED ({report.get('status_reason')}): no conclusion; "
+                     "re-run `reveal analyze` on the run directory")
+    elif not anomalies:
         lines.append("  no anomalies found")
     else:
         lines.append(f"  {len(anomalies)} anomal{'y' if len(anomalies) == 1 else 'ies'}:")
