@@ -48,6 +48,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="rank 0 exits with --fail-code at STEP on every attempt")
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="DataLoader worker processes (restarted every epoch; default 0)")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="every N steps, an evaluation phase of --eval-batches forward passes")
+    p.add_argument("--eval-batches", type=int, default=40, metavar="K")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
+                   help="every N steps, torch.save model+optimizer into --checkpoint-dir")
+    p.add_argument("--checkpoint-dir", default=None, metavar="DIR")
     a = p.parse_args(argv)
     if a.seconds is None and a.steps is None:
         a.seconds = 20.0
@@ -148,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     g = torch.Generator().manual_seed(a.seed + 1000 * rank)
     x, y = make(max(a.batch * 16, 256), g)
     loader = DataLoader(TensorDataset(x, y), batch_size=a.batch, shuffle=True, drop_last=True,
-                        generator=g)
+                        generator=g, num_workers=a.workers)
+    if a.checkpoint_every and not a.checkpoint_dir:
+        import tempfile
+        a.checkpoint_dir = tempfile.mkdtemp(prefix="train-ckpt-")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     sync_every = 10
     stop = torch.zeros(1)
@@ -172,6 +183,15 @@ def main(argv: list[str] | None = None) -> int:
             loss.backward()
             opt.step()
             step += 1
+            if a.eval_every and step % a.eval_every == 0:   # a phase of its own: no backward
+                with torch.no_grad():
+                    for _ in range(a.eval_batches):
+                        model(make(a.batch, g)[0])
+            if a.checkpoint_every and step % a.checkpoint_every == 0 and rank == 0:
+                path = os.path.join(a.checkpoint_dir, f"ckpt-{rank}.pt")
+                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
+                            "step": step}, path + ".tmp")
+                os.replace(path + ".tmp", path)
             if a.log_every and rank == 0 and step % a.log_every == 0:
                 now = time.time()
                 print(f"step {step:6d}  loss {loss.item():.4f}  "

@@ -31,7 +31,7 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^(cpu|memory|storage)\.psi\..*_total$", +1, 100_000.0),    # +10 % of the time stalled
     (r"^(cpu|memory|storage)\.psi\..*_avg", +1, 10.0),
     (r"^cpu\.procs_running$", +1, 1.5), (r"^system\.nr_running$", +1, 1.5),
-    (r"^cpu\.[^.]+\.steal_pct$", +1, 5.0), (r"^cpu\.[^.]+\.iowait_pct$", +1, 5.0),
+    (r"^cpu\.all\.steal_pct$", +1, 5.0), (r"^cpu\.all\.iowait_pct$", +1, 5.0),
     (r"^cpu\..*freq", -1, -0.1),
     (r"^cpu\.run\.(usage|user)$", -1, 0.1), (r"^cpu\.run\.throttled_time$", +1, 0.05),
     (r"^cpu\.run\.nr_throttled$", +1, 1.0),
@@ -251,7 +251,12 @@ def iteration_impact(events: list[dict], start: float, end: float,
     if base <= 0:
         return None
     pct = 100.0 * (obs - base) / base
-    return {"iteration_time_pct": round(pct, 1), "iteration_time_s": round(obs, 6),
+    # the run's own iteration-time noise (robust spread of the per-event times outside any
+    # anomaly): a slowdown must stand out of it to count as evidence
+    per = dt[outside] / n[outside]
+    noise = 100.0 * 1.4826 * float(np.median(np.abs(per - np.median(per)))) / base
+    return {"iteration_time_pct": round(pct, 1), "noise_pct": round(noise, 1),
+            "iteration_time_s": round(obs, 6),
             "iteration_time_baseline_s": round(base, 6), "iterations": int(n[inside].sum()),
             "text": f"iteration time {pct:+.0f}% during this anomaly "
                     f"({obs:.3g} s vs {base:.3g} s typical)"}

@@ -92,6 +92,63 @@ def _impact_text(ctx: Ctx) -> str:
     return f" Measured effect: {imp['text']}." if imp and imp.get("text") else ""
 
 
+# -- foreign load (any subsystem) -------------------------------------------------------------
+
+_FOREIGN_WHAT = {
+    "cpu.foreign.cores": ("used {v} of CPU", "cores"),
+    "memory.foreign.used": ("held {v} of memory", "bytes"),
+    "memory.foreign.cache_growth": ("filled the page cache at {v}", "bytes/s"),
+    "storage.foreign.read_bytes": ("read {v} from the disks", "bytes/s"),
+    "storage.foreign.write_bytes": ("wrote {v} to the disks", "bytes/s"),
+}
+
+
+def _amount(v: float, unit: str) -> str:
+    if unit == "cores":
+        return f"{v:.2f} core{'s' if abs(v) >= 1.995 else ''}"
+    if unit == "bytes":
+        return f"{v / 1048576:.0f} MiB"
+    return f"{v / 1048576:.1f} MiB/s"
+
+
+@hookimpl(specname="reveal_hints")
+def foreign_load(anomaly: dict, context: Ctx) -> list[dict]:
+    """Processes outside the run took CPU, memory or I/O while it ran."""
+    fo = context.get("foreign") or anomaly.get("foreign")
+    if not fo or not fo.get("support"):
+        return []
+    parts = []
+    for f in fo["support"][:3]:
+        what, unit = _FOREIGN_WHAT.get(f["channel"], ("moved {v}", ""))
+        parts.append(what.format(v=_amount(f["observed"] - f["baseline"], unit)) +
+                     f" more than usual ({_amount(f['baseline'], unit)} before)")
+    others = fo.get("other_runs") or []
+    if others:
+        names = ", ".join(f"job {o['job_id']}" if o.get("job_id") else f"run {o['run_id']}"
+                          for o in others[:3])
+        who = f"Another registered run on this node ({names})"
+        act = ("On a shared node, request `--exclusive` (or whole-core/-socket allocations: "
+               "`--cpus-per-task` with `ConstrainCores=yes`, `--mem` with `ConstrainRAMSpace=yes`"
+               " in cgroup.conf) so a neighbour cannot take what your job needs; operators: "
+               "check that the node's cgroup limits are enforced (`scontrol show node`, "
+               "`systemd-cgls`).")
+    else:
+        who = "Processes in no registered run (a stray, leftover or system process)"
+        act = ("On a shared node request `--exclusive`. Operators: look for leftover or system "
+               "processes: `ps -eo pid,user,pcpu,rss,etime,comm --sort=-pcpu | head`, "
+               "`iotop -obP`, and processes of users with no job on the node; an Epilog that "
+               "kills stray user processes (`pam_slurm_adopt`, `ProctrackType=proctrack/cgroup`)"
+               " keeps them from coming back.")
+    sub = fo.get("subsystem") or anomaly.get("subsystem")
+    h = _hint(
+        "Foreign load: something outside your job competed for the node",
+        f"{who} " + "; ".join(parts) + ", while your job's own use did not explain it. "
+        "Whatever it takes is missing for your job." + _impact_text(context),
+        act, _severity(anomaly, context), "foreign_load")
+    h["subsystem"] = sub
+    return [h]
+
+
 # -- CPU -------------------------------------------------------------------------------------
 
 @hookimpl(specname="reveal_hints")
@@ -201,7 +258,7 @@ def memory_bandwidth(anomaly: dict, context: Ctx) -> list[dict]:
 @hookimpl(specname="reveal_hints")
 def storage_stall(anomaly: dict, context: Ctx) -> list[dict]:
     m = (_moved(context, r"^storage\.psi\.", 3, +1)
-         + _moved(context, r"^cpu\..*iowait", 3, +1)
+         + _moved(context, r"^cpu\.all\.iowait_pct$", 3, +1)
          + _moved(context, r"^storage\.procs_blocked$", 3, +1)
          + _moved(context, r"^storage\.[^.]+\.(io_ms|weighted_io_ms|read_ms|write_ms|flush_ms|"
                            r"io_ticks|time_in_queue|in_flight|await|util)", 3, +1)
@@ -209,7 +266,7 @@ def storage_stall(anomaly: dict, context: Ctx) -> list[dict]:
     if not m or (anomaly.get("subsystem") != "storage" and len(m) < 2):
         return []
     dev = sorted({n.split(".")[1] for n, _ in m if n.startswith("storage.")
-                  and n.split(".")[1] != "psi"})
+                  and n.split(".")[1] not in ("psi", "all", "run", "foreign")})
     where = f" on {', '.join(dev[:3])}" if dev else ""
     return [_hint(
         f"Storage stall{where}: I/O requests queue up",

@@ -18,8 +18,9 @@ import numpy as np
 
 from ..types import ChannelMeta
 from . import attribution as attr
+from . import foreign as fl
 from .features import channel_floors, rel_floors, robust_center_scale
-from .prepare import add_derived, to_rates
+from .prepare import PER_CORE, add_derived, to_rates
 from .windows import sliding_windows
 
 log = logging.getLogger(__name__)
@@ -97,7 +98,7 @@ class LiveAnalyzer:
         else:
             tt, rr = t, rows
         Xn, names, units, _, _ = to_rates(tt, rr, self.metas, self.interval_s)
-        Xn, names, units = add_derived(Xn, names, units)
+        Xn, names, units = add_derived(Xn, names, units, tt)
         if self._last_raw is not None:
             Xn = Xn[1:]
         self._last_raw = rows[-1].copy()
@@ -117,6 +118,7 @@ class LiveAnalyzer:
             self._units = units
             self._mask = attr.symptom_mask(names)
             self._job_share = np.array([bool(attr._JOB_SHARE.match(n)) for n in names])
+            self._per_core = np.array([bool(PER_CORE.match(n)) for n in names], bool)
         # Windows on a grid anchored at the run's first sample, so starts are stable.
         stride = cfg["stride_s"]
         t0 = self._t_first + stride * np.ceil((self._t[0] - self._t_first) / stride)
@@ -131,6 +133,8 @@ class LiveAnalyzer:
         if ref.sum() < cfg["min_reference"]:
             return []
         center, scale = robust_center_scale(means[ref], self._floors, self._rels)
+        self._fam = fl.family(means, self._names, ref, win.start, cfg["min_deviation"])
+        fex = self._fam.excess
         new = (win.valid & (win.end > self._last_end + 1e-9) & (win.end <= now + 1e-9)
                & ~ref & (win.start >= self._t_first + cfg["skip_s"]))
         if self._last_end == -np.inf:   # first judgement: only what follows the reference
@@ -139,12 +143,18 @@ class LiveAnalyzer:
         for i in np.nonzero(new)[0]:
             self._last_end = float(win.end[i])
             dev = np.nan_to_num((means[i] - center) / scale)
+            dev[self._per_core] = 0.0
             a = np.abs(dev)
             top = np.sort(a)[-2:].mean() if len(a) >= 2 else float(a.max(initial=0))
             strength = attr.symptom_strength(dev, means[i], center, self._mask,
                                              cfg["min_deviation"])
             # the job's own CPU share dropping alone is too ambiguous on a 2-s decision
             harmful = bool(np.any((strength > 0) & ~self._job_share))
+            # a process outside the run taking CPU, memory or I/O is evidence of its own
+            f_ex = float(fex[i].max(initial=0.0)) if fex.shape[1] else 0.0
+            if f_ex >= 1.0:
+                harmful = True
+                top = max(top, f_ex * cfg["threshold"])
             # a symptom well past its practical minimum counts as that many min_deviations
             top = max(top, float(strength.max(initial=0.0)) * cfg["min_deviation"])
             key = round(float(win.start[i]), 3)
@@ -186,9 +196,13 @@ class LiveAnalyzer:
             warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN columns stay NaN
             observed = np.nanmean(means[rows], axis=0)
         dev = attr.deviations(observed, center, scale)
+        dev[self._per_core] = 0.0
         names, units = self._names, self._units
         hits = attr.symptom_hits(dev, observed, center, self._mask, self.cfg["min_deviation"])
         sub, scores = attr.choose_subsystem(dev, names, hits)
+        fsup = self._fam.support(np.nonzero(rows)[0])
+        if fl.subsystem(fsup):
+            sub = fl.subsystem(fsup)
         ev = attr.evidence(dev, observed, center, names, units, prefer=sub, hits=hits)
         stride = self.cfg["stride_s"]
         start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
@@ -200,9 +214,12 @@ class LiveAnalyzer:
               "subsystem_scores": {k: round(v, 3) for k, v in scores.items()},
               "symptoms": [names[i] for i in attr.symptoms(
                   dev, names, self.cfg["min_deviation"], observed, center)][:6]}
+        if fsup:
+            an["foreign"] = {"support": fsup}
         chans = {names[i]: {"baseline": attr._num(center[i]), "observed": attr._num(observed[i]),
                             "deviation": round(float(dev[i]), 2), "unit": units[i]}
                  for i in range(len(names))}
-        an["hints"] = hints_for(an, {"channels": chans, "meta": {}, "impact": None, "facts": {}})
+        an["hints"] = hints_for(an, {"channels": chans, "meta": {}, "impact": None, "facts": {},
+                                     "foreign": an.get("foreign")})
         self._active = an
         return an

@@ -18,10 +18,11 @@ import numpy as np
 
 from ..types import ChannelMeta
 from . import attribution as attr
+from . import foreign as fl
 from .detectors import builtin_detectors, fuse, normalize
 from .events import group, hysteresis, span
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
-from .prepare import Prepared, informative, load_prepared, prepare
+from .prepare import PER_CORE, Prepared, informative, load_prepared, prepare
 from .prune import prune
 from .report import failed_report, partial_reason, run_section, summary, telemetry_section, SCHEMA
 from .windows import STATS, windows_pieces as sliding_windows
@@ -42,7 +43,9 @@ DEFAULTS: dict[str, Any] = {
     "baseline_threshold": 6.0,
     "max_anomalies": 50,
     "core_quantile": 0.6,     # detectors are fitted on this central share of the windows
-    "require_symptom": True,  # activity without pressure/stall/loss -> observation, not anomaly
+    "require_symptom": True,  # activity without evidence (symptom, foreign load, slowdown,
+                              # baseline) -> observation, not anomaly
+    "foreign_z": 4.0,         # foreign load above its normal level by this many robust spreads
     "min_slowdown_pct": 10.0, # ...unless iteration markers show at least this slowdown
 }
 
@@ -181,6 +184,8 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         return out
     keep, reasons = informative(P.X)
     out.analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
+    per_core = np.array([bool(PER_CORE.match(n)) for n in P.names], bool)
+    keep &= ~per_core      # modelled through cpu.cores.* aggregates (see prepare._derive)
     # Means of every channel (attribution, pruning); full statistics only for the modelled ones.
     win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
                           stats=("mean",))
@@ -272,7 +277,10 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         k = min(2, Zb.shape[1])
         bscore = np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
         flag_base = valid & ~supp & (bscore >= cfg["baseline_threshold"])
-    flag = flag_self | flag_base
+    # Foreign load: bars from the run's own windows (first guess: the fit rows).
+    fam = fl.family(means, P.names, fitrows, win.start, cfg["foreign_z"])
+    flag_foreign = fam.flag & valid & ~supp
+    flag = flag_self | flag_base | flag_foreign
     groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
     # Reference for attribution: valid windows away (one window length) from any flag.
     w = max(1, int(round(win.window_s / win.stride_s)))
@@ -281,6 +289,10 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     if normal.sum() < 5:
         normal = valid & ~flag
     center, scale = attr.reference(means, normal, floors, rels)
+    fam = fl.family(means, P.names, normal, win.start, cfg["foreign_z"])
+    if len(fam.names):
+        out.analysis["foreign"] = {n: {"normal": round(float(c), 4), "bar": round(float(b), 4)}
+                                   for n, c, b in zip(fam.names, fam.center, fam.bar)}
     spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
     smask = attr.symptom_mask(P.names)
     anomalies: list[dict] = []
@@ -300,23 +312,35 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         if from_baseline:
             c_ref[base_cols], s_ref[base_cols] = b_center, b_scale
         dev = attr.deviations(observed, c_ref, s_ref)
+        dev[per_core] = 0.0   # per-core channels speak through their aggregates only
         if from_baseline:  # only what the baseline covers is evidence against it
             mask = np.zeros(len(dev), bool)
             mask[base_cols] = True
             dev = np.where(mask, dev, 0.0)
-        if np.max(np.abs(dev)) < cfg["min_deviation"]:
+        fsup = fam.support(rows)
+        if np.max(np.abs(dev)) < cfg["min_deviation"] and not fsup:
             weak += 1
             continue
         hits = attr.symptom_hits(dev, observed, c_ref, smask, cfg["min_deviation"])
         symp = [int(i) for i in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
         impact = attr.iteration_impact(events, s0, s1, spans)
-        slowed = bool(impact and impact["iteration_time_pct"] >= cfg["min_slowdown_pct"])
+        slowed = bool(impact and impact["iteration_time_pct"] >= max(
+            cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)))
         sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
+        fsub = fl.subsystem(fsup)
+        if fsub and not (sub in ("network", "gpu") and symp):
+            sub = fsub      # the neighbour is the cause; what it did to the run follows
         ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub, hits=hits)
+        if fsup:
+            ev = _foreign_evidence(fsup, dev, P.names, P.units) + [
+                e for e in ev if e["channel"] not in {f["channel"] for f in fsup}]
+        families = [f for f, on in (("symptoms", bool(symp)), ("foreign", bool(fsup)),
+                                    ("impact", slowed), ("baseline", from_baseline)) if on]
         why = None
-        if cfg["require_symptom"] and not symp and not slowed:
-            why = ("activity changed but no pressure, stall, loss or throttling signal moved "
-                   "(and no iteration slowdown)")
+        if cfg["require_symptom"] and not families:
+            why = ("activity changed, but nothing outside the run's own behaviour explains it: "
+                   "no pressure, stall, loss or throttling signal moved, no process outside the "
+                   "run took CPU, memory or I/O, and the iterations did not slow down")
         elif not from_baseline and _edge(s0, s1, starts, ends, cfg) and not (
                 slowed and _steady_before(events, s0, cfg)):
             why = ("contiguous with the start-up or teardown of the run/step (imports, data "
@@ -327,8 +351,11 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
                                  "evidence": ev[:5], "why_not_anomaly": why})
             continue
         score = float(np.max(bscore[rows] if from_baseline else fused[rows]))
+        if fsup and not flag_self[rows].any():
+            score = max(score, float(max(f["excess"] for f in fsup)) * cfg["threshold"])
         an = {"id": "", "start": s0, "end": s1, "node": host, "step_id": None,
               "subsystem": sub, "score": round(score, 2), "evidence": ev, "hints": [],
+              "families": families,
               "subsystem_scores": {k: round(v, 3) for k, v in sorted(
                   sub_scores.items(), key=lambda kv: -kv[1])},
               "windows": int(len(rows))}
@@ -338,12 +365,15 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
             an["symptoms"] = [P.names[i] for i in symp[:6]]
         if impact:
             an["impact"] = impact
+        if fsup:
+            an["foreign"] = _foreign_section(fsup, events, s0, s1, meta)
         an["step_id"] = _step_of(meta, events, s0)
         chans = {P.names[i]: {"baseline": attr._num(c_ref[i]), "observed": attr._num(observed[i]),
                               "deviation": round(float(dev[i]), 2), "unit": P.units[i]}
                  for i in range(len(P.names))}
         an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": impact,
-                                     "facts": meta.get("facts") or {}})
+                                     "facts": meta.get("facts") or {},
+                                     "foreign": an.get("foreign")})
         anomalies.append(an)
     for inv in attr.invariant_findings(P.t, P.X, P.names, P.units, P.interval_s):
         obs_v = center.astype(np.float64).copy()
@@ -381,6 +411,37 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     out.observations = observations
     out.analysis["flagged_windows"] = int(flag.sum())
     return out
+
+
+def _foreign_evidence(fsup: list[dict], dev: np.ndarray, names: list[str], units: list[str]
+                      ) -> list[dict]:
+    idx = {n: i for i, n in enumerate(names)}
+    out = []
+    for f in fsup:
+        i = idx[f["channel"]]
+        out.append({"channel": f["channel"], "deviation": round(float(
+            dev[i] if abs(dev[i]) > 0 else 4.0 * f["excess"]), 2),
+            "baseline": attr._num(f["baseline"]), "observed": attr._num(f["observed"]),
+            "unit": units[i], "family": "foreign", "bar": attr._num(f["bar"])})
+    return out
+
+
+def _foreign_section(fsup: list[dict], events: list[dict], s0: float, s1: float,
+                     meta: dict) -> dict:
+    """What the node did outside the run, and which other registered runs shared the node
+    then (named by run/job id only: a user never sees another user's command line)."""
+    others: dict[str, dict] = {}
+    for e in events:
+        if e.get("event") not in ("neighbour_start", "neighbour_end") or "t" not in e:
+            continue
+        key = str(e.get("run_id"))
+        o = others.setdefault(key, {"run_id": key, "job_id": e.get("job_id"),
+                                    "start": None, "end": None})
+        o["start" if e["event"] == "neighbour_start" else "end"] = float(e["t"])
+    overlap = [o for o in others.values()
+               if (o["start"] is None or o["start"] <= s1) and (o["end"] is None or o["end"] >= s0)]
+    return {"support": fsup, "other_runs": overlap,
+            "source": "another registered run" if overlap else "processes in no registered run"}
 
 
 def _step_of(meta: dict, events: list[dict], t0: float) -> str | None:

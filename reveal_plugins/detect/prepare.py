@@ -8,6 +8,7 @@ input (gaps, clock jumps, counter resets, dropped channels) -- never an exceptio
 from __future__ import annotations
 
 import re
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -110,9 +111,10 @@ def to_rates(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
 _CPU_TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _derive(X: np.ndarray, names: list[str], units: list[str]) -> tuple[list[np.ndarray],
-                                                                         list[str], list[str]]:
-    """Derived metrics where their inputs exist (paper's list plus the usual OS ratios)."""
+def _derive(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | None = None
+            ) -> tuple[list[np.ndarray], list[str], list[str]]:
+    """Derived metrics where their inputs exist (paper's list plus the usual OS ratios, the
+    per-core aggregates and the foreign load of :mod:`reveal_plugins.detect.foreign`)."""
     idx = {n: i for i, n in enumerate(names)}
     cols: list[np.ndarray] = []
     out_names: list[str] = []
@@ -150,6 +152,17 @@ def _derive(X: np.ndarray, names: list[str], units: list[str]) -> tuple[list[np.
                 add(f"{p}.iowait_pct", 100.0 * X[:, idx[f"{p}.iowait"]] / tot, "%")
             if f"{p}.steal" in idx:
                 add(f"{p}.steal_pct", 100.0 * X[:, idx[f"{p}.steal"]] / tot, "%")
+    # Per-core series only as aggregates: the kernel moving a thread between cores swings
+    # every per-core channel, and a max over 128 noisy cores would find a "symptom" 64x more
+    # often than over 2 (the per-core columns are kept out of modelling and attribution).
+    core = [c for c, n in zip(cols, out_names) if PER_CORE.match(n) and
+            n.endswith(".busy_pct")]
+    if len(core) >= 2:
+        C = np.stack(core, axis=1).astype(np.float64)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)   # all-NaN rows stay NaN
+            add("cpu.cores.busy_pct_max", np.nanmax(C, axis=1), "%")
+            add("cpu.cores.busy_pct_spread", np.nanmax(C, axis=1) - np.nanmin(C, axis=1), "%")
     # Memory used %.
     for base in ("memory", "memory.run"):
         tot, av = f"{base}.MemTotal", f"{base}.MemAvailable"
@@ -194,12 +207,20 @@ def _derive(X: np.ndarray, names: list[str], units: list[str]) -> tuple[list[np.
             with np.errstate(invalid="ignore", divide="ignore"):
                 add(f"{m.group(1)}.{m.group(2)}_util_pct",
                     100.0 * X[:, idx[n]] * 8 / (np.where(sp > 0, sp, np.nan) * 1e6), "%")
+    from .foreign import derive as foreign_derive
+    fc, fn, fu = foreign_derive(X, names, t)
+    for c, n, u in zip(fc, fn, fu):
+        add(n, c, u)
     return cols, out_names, out_units
 
 
-def add_derived(X: np.ndarray, names: list[str], units: list[str]
-                ) -> tuple[np.ndarray, list[str], list[str]]:
-    cols, dn, du = _derive(X, names, units)
+#: Per-core channels (``cpu.core12.user``): modelled and attributed only through aggregates.
+PER_CORE = re.compile(r"^cpu\.core\d+\.")
+
+
+def add_derived(X: np.ndarray, names: list[str], units: list[str],
+                t: np.ndarray | None = None) -> tuple[np.ndarray, list[str], list[str]]:
+    cols, dn, du = _derive(X, names, units, t)
     if not cols:
         return X, names, units
     return (np.concatenate([X, np.stack(cols, axis=1).astype(np.float32)], axis=1),
@@ -340,7 +361,7 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
             X[r:r + len(blk), :len(names)] = blk
             r += len(blk)
         del blocks, blk
-        cols, dn, du = _derive(X[:, :len(names)], names, units)
+        cols, dn, du = _derive(X[:, :len(names)], names, units, t)
         for j, col in enumerate(cols):
             X[:, len(names) + j] = col
         dnames, units = names + dn, units + du
@@ -371,7 +392,7 @@ def finish(t: np.ndarray, X: np.ndarray, names: list[str], units: list[str], not
            drop: bool, derive: bool = True) -> Prepared:
     """Derived metrics and channel selection on per-second rates."""
     if derive:
-        X, names, units = add_derived(X, names, units)
+        X, names, units = add_derived(X, names, units, t)
     dropped: dict[str, list[str]] = {}
     if keep_channels is not None:
         idx = {n: i for i, n in enumerate(names)}

@@ -106,7 +106,11 @@ def reveal_detectors(config: dict[str, Any]) -> list[Any]:
 def reveal_hints(anomaly: dict[str, Any], context: dict[str, Any]) -> list[dict[str, Any]]:
     """Return remediation hints for one anomaly (each a dict with ``title``, ``why``,
     ``action``, ``severity`` in info|warning|critical).  Return ``[]`` when the rule does not
-    apply.  ``context`` holds run metadata and static facts (e.g. PCIe max link width).
+    apply.  ``context`` holds run metadata and static facts (e.g. PCIe max link width):
+    ``channels`` (every analysed channel's baseline/observed/deviation over the anomaly),
+    ``meta``, ``impact`` (iteration-time slowdown, when markers exist), ``facts`` and
+    ``foreign`` (what the node did outside the run: ``support`` channels above their bar,
+    ``other_runs`` registered on the node then; None when nothing foreign moved).
     """
 
 

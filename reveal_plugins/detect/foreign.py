@@ -1,0 +1,267 @@
+"""Foreign load: what the node does that the run does not.
+
+The question Reveal asks is "is the *machine* misbehaving under this job?".  The most direct
+evidence is the difference between the node's totals (procfs) and the run's own accounting
+(its cgroup or process tree, ``*.run.*``): a process outside the run that takes a core, eats
+memory, fills the page cache or hits the disk shows up there, and the run's own behaviour (a
+phase change, an eval loop, the kernel migrating a thread between cores) does not, because it
+moves the node's totals and the run's accounting alike.
+
+Two parts:
+
+- :func:`derive` (called with the other derived metrics, so batch and live mode both get them):
+  sample-level channels ``cpu.foreign.{cores,user_cores,system_cores}``, ``memory.foreign.used``
+  (bytes), ``memory.foreign.cache_growth`` (page-cache growth the run's own reads and writes
+  cannot explain, bytes/s), ``storage.foreign.{read,write}_bytes`` (bytes/s), plus the node
+  totals they need, ``storage.all.{read,write}_bytes``.
+- :func:`family` (window level): each foreign channel's *bar* comes from the run's own normal
+  windows -- its median plus ``z`` robust spreads -- and is never below a practical minimum
+  (:data:`MINIMUM`: a quarter of a core, 128 MiB, 4 MiB/s; what a person would call "another
+  process used something", not a value fitted to any benchmark).  A window whose foreign load
+  is above the bar is evidence of its own (the "foreign load" family).
+
+Writes reach the disk up to ~30 s after a process dirties the page cache (writeback), and the
+node's disk counters see them then; so the run's writes are taken at their highest over the
+last :data:`WRITEBACK_S` seconds before the node's writes are called foreign.  Memory counts as
+foreign only when the node's available memory fell too (the run's RSS double-counts pages its
+forked workers share; their exit would otherwise look like foreign memory appearing).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_MiB = 1024.0 * 1024.0
+
+#: Practical minimum of each foreign channel's bar (its unit: cores, bytes, bytes/s).
+MINIMUM = {
+    "cpu.foreign.cores": 0.25,
+    "memory.foreign.used": 128 * _MiB,
+    "memory.foreign.cache_growth": 16 * _MiB,
+    "storage.foreign.read_bytes": 4 * _MiB,
+    "storage.foreign.write_bytes": 4 * _MiB,
+}
+#: Seconds between a process dirtying pages and the kernel writing them (dirty_expire 30 s).
+WRITEBACK_S = 35.0
+
+_BUSY = ("user", "nice", "system", "irq", "softirq")
+
+
+def _whole_disks(names: list[str], field: str) -> list[str]:
+    """``storage.<dev>.<field>`` of whole disks: a partition (``sda1``, ``nvme0n1p2``) is left
+    out when its disk is there, or its bytes would count twice."""
+    devs = [n.split(".")[1] for n in names
+            if n.startswith("storage.") and n.count(".") == 2 and n.endswith("." + field)]
+    devs = [d for d in devs if d not in ("run", "foreign", "all", "psi")]
+    out = []
+    for d in devs:
+        parent = any(o != d and d.startswith(o) and d[len(o):].lstrip("p").isdigit()
+                     for o in devs)
+        if not parent:
+            out.append(f"storage.{d}.{field}")
+    return out
+
+
+def _ffill_rate(col: np.ndarray, t: np.ndarray | None) -> np.ndarray:
+    """Per-second change of a gauge sampled with NaN between reads (slow probes)."""
+    out = np.full(len(col), np.nan)
+    ok = np.nonzero(np.isfinite(col))[0]
+    if len(ok) < 2:
+        return out
+    v = col[ok].astype(np.float64)
+    tt = t[ok] if t is not None else ok.astype(np.float64)
+    dt = np.diff(tt)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r = np.where(dt > 0, np.diff(v) / dt, np.nan)
+    # the rate holds from one read to the next
+    for a, b, x in zip(ok[:-1], ok[1:], r):
+        out[a + 1:b + 1] = x
+    return out
+
+
+def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
+           ) -> tuple[list[np.ndarray], list[str], list[str]]:
+    """Foreign-load channels where the node totals and the run's accounting both exist.
+
+    ``X`` holds rates per second for counters (ticks/s, sectors/s, s/s, bytes/s) and gauges
+    as read (kB for meminfo, bytes for the run's memory)."""
+    idx = {n: i for i, n in enumerate(names)}
+    cols: list[np.ndarray] = []
+    out_n: list[str] = []
+    out_u: list[str] = []
+
+    def col(n: str) -> np.ndarray:
+        return X[:, idx[n]].astype(np.float64)
+
+    def add(n: str, c: np.ndarray, u: str) -> None:
+        if n not in idx:
+            cols.append(c.astype(np.float32))
+            out_n.append(n)
+            out_u.append(u)
+
+    # node disk totals (also useful on their own: the node's I/O in one channel)
+    sectors = {}
+    for f, leaf in (("read_sectors", "read_bytes"), ("write_sectors", "write_bytes")):
+        disks = _whole_disks(names, f)
+        if disks:
+            sectors[leaf] = np.nansum([col(d) for d in disks], axis=0) * 512.0
+            add(f"storage.all.{leaf}", sectors[leaf], "bytes/s")
+    if "cpu.run.usage" not in idx:
+        return cols, out_n, out_u
+    busy = [f"cpu.all.{k}" for k in _BUSY if f"cpu.all.{k}" in idx]
+    if len(busy) >= 3:
+        node = np.sum([col(b) for b in busy], axis=0) / _CLK_TCK
+        add("cpu.foreign.cores", node - col("cpu.run.usage"), "cores")
+        if "cpu.run.user" in idx and "cpu.all.user" in idx:
+            u = (col("cpu.all.user") + (col("cpu.all.nice") if "cpu.all.nice" in idx else 0))
+            add("cpu.foreign.user_cores", u / _CLK_TCK - col("cpu.run.user"), "cores")
+        if "cpu.run.system" in idx and "cpu.all.system" in idx:
+            s = col("cpu.all.system") + sum(col(f"cpu.all.{k}") for k in ("irq", "softirq")
+                                            if f"cpu.all.{k}" in idx)
+            add("cpu.foreign.system_cores", s / _CLK_TCK - col("cpu.run.system"), "cores")
+    run_mem = next((n for n in ("memory.run.usage", "memory.run.rss") if n in idx), None)
+    if run_mem and "memory.MemTotal" in idx and "memory.MemAvailable" in idx:
+        used = (col("memory.MemTotal") - col("memory.MemAvailable")) * 1024.0
+        # meminfo is read once a second (NaN between reads): hold the last reading
+        used = _hold(used)
+        add("memory.foreign.used", used - _hold(col(run_mem)), "bytes")
+    if "memory.Cached" in idx:
+        growth = _ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0
+        own = np.zeros(len(X))
+        for n in ("storage.run.rchar", "storage.run.wchar", "storage.run.read_bytes"):
+            if n in idx:
+                own = own + np.nan_to_num(col(n))
+        if "storage.run.rchar" in idx or "storage.run.read_bytes" in idx:
+            add("memory.foreign.cache_growth", np.maximum(growth - own, 0.0), "bytes/s")
+    for leaf in ("read_bytes", "write_bytes"):
+        if leaf in sectors and f"storage.run.{leaf}" in idx:
+            add(f"storage.foreign.{leaf}", sectors[leaf] - col(f"storage.run.{leaf}"),
+                "bytes/s")
+    return cols, out_n, out_u
+
+
+def _hold(c: np.ndarray) -> np.ndarray:
+    """Forward-fill NaN (a slow probe's value holds until its next read)."""
+    ok = np.isfinite(c)
+    if ok.all() or not ok.any():
+        return c
+    idx = np.where(ok, np.arange(len(c)), 0)
+    np.maximum.accumulate(idx, out=idx)
+    out = c[idx]
+    out[:np.argmax(ok)] = np.nan
+    return out
+
+
+@dataclass
+class Foreign:
+    """Window-level foreign-load evidence of one run."""
+
+    names: list[str] = field(default_factory=list)   # foreign channels present
+    cols: np.ndarray = field(default_factory=lambda: np.zeros(0, np.intp))
+    value: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))   # (m, k) adjusted
+    center: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    bar: np.ndarray = field(default_factory=lambda: np.zeros(0))
+
+    @property
+    def excess(self) -> np.ndarray:
+        """(m, k): how far above its normal level each window's foreign load is, in bars."""
+        if not len(self.names):
+            return np.zeros((len(self.value), 0))
+        with np.errstate(invalid="ignore"):
+            e = (self.value - self.center) / self.bar
+        return np.nan_to_num(e, nan=0.0)
+
+    @property
+    def flag(self) -> np.ndarray:
+        return (self.excess >= 1.0).any(axis=1) if len(self.names) else \
+            np.zeros(len(self.value), bool)
+
+    def support(self, rows: np.ndarray) -> list[dict]:
+        """Foreign channels above their bar over ``rows`` (an event's windows), strongest
+        first: ``{"channel", "observed", "baseline", "bar", "excess"}`` in the channel's unit."""
+        if not len(self.names) or not len(rows):
+            return []
+        with np.errstate(invalid="ignore"):
+            import warnings
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", RuntimeWarning)
+                obs = np.nanmean(self.value[rows], axis=0)
+        out = []
+        for j, n in enumerate(self.names):
+            ex = (obs[j] - self.center[j]) / self.bar[j]
+            if np.isfinite(ex) and ex >= 1.0:
+                out.append({"channel": n, "observed": float(obs[j]),
+                            "baseline": float(self.center[j]), "bar": float(self.bar[j]),
+                            "excess": round(float(ex), 2)})
+        out.sort(key=lambda d: -d["excess"])
+        return out
+
+
+def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarray,
+           z: float = 4.0) -> Foreign:
+    """Foreign-load bars from the ``ref`` (normal) windows and every window's adjusted value.
+
+    ``means``: (m, c) window means of the prepared channels; ``start``: window start times."""
+    idx = {n: i for i, n in enumerate(names)}
+    present = [n for n in MINIMUM if n in idx]
+    if not present or ref.sum() < 3:
+        return Foreign(value=np.zeros((len(means), 0)))
+    V = np.stack([means[:, idx[n]].astype(np.float64) for n in present], axis=1)
+    for j, n in enumerate(present):
+        if n == "storage.foreign.write_bytes" and "storage.run.write_bytes" in idx \
+                and "storage.all.write_bytes" in idx:
+            V[:, j] = means[:, idx["storage.all.write_bytes"]] - _recent_max(
+                means[:, idx["storage.run.write_bytes"]], start, WRITEBACK_S)
+        if n == "memory.foreign.used" and "memory.MemAvailable" in idx:
+            # foreign memory only where the node's available memory fell by as much
+            avail = means[:, idx["memory.MemAvailable"]].astype(np.float64) * 1024.0
+            drop = np.nanmedian(avail[ref]) - avail
+            V[:, j] = np.minimum(V[:, j], np.nanmedian(V[ref, j]) + np.maximum(drop, 0.0))
+    with np.errstate(invalid="ignore"):
+        import warnings
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            center = np.nanmedian(V[ref], axis=0)
+            mad = np.nanmedian(np.abs(V[ref] - center), axis=0) * 1.4826
+    center = np.nan_to_num(center)
+    mins = np.array([MINIMUM[n] for n in present])
+    bar = np.maximum(z * np.nan_to_num(mad), mins)
+    return Foreign(present, np.array([idx[n] for n in present], np.intp), V, center, bar)
+
+
+def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarray:
+    """For each window, the highest value of ``col`` over windows starting in the preceding
+    ``horizon`` seconds (itself included)."""
+    c = np.nan_to_num(col.astype(np.float64))
+    out = np.empty(len(c))
+    j = 0
+    from collections import deque
+    dq: deque[int] = deque()
+    for i in range(len(c)):
+        while dq and c[dq[-1]] <= c[i]:
+            dq.pop()
+        dq.append(i)
+        while start[dq[0]] < start[i] - horizon:
+            dq.popleft()
+        out[i] = c[dq[0]]
+        j += 1
+    return out
+
+
+#: How a foreign channel speaks for a subsystem; CPU is the carrier of almost every neighbour
+#: (a process that fills memory or writes a disk also burns CPU), so it names the anomaly only
+#: when nothing more specific is above its bar.
+SUBSYSTEM = {"cpu.foreign.cores": "cpu", "memory.foreign.used": "memory",
+             "memory.foreign.cache_growth": "memory", "storage.foreign.read_bytes": "storage",
+             "storage.foreign.write_bytes": "storage"}
+
+
+def subsystem(support: list[dict]) -> str | None:
+    """The subsystem a foreign-load finding belongs to (None without support)."""
+    if not support:
+        return None
+    specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
+    return SUBSYSTEM[(specific or support)[0]["channel"]]
