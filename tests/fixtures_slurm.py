@@ -393,6 +393,33 @@ PartitionName=debug Nodes={self.node} Default=YES MaxTime=INFINITE State=UP Over
         finally:
             self._write_mode_files(self.mode)
 
+    @contextlib.contextmanager
+    def proctrack(self, kind: str):
+        """Run slurmd with ``ProctrackType=proctrack/<kind>`` for the block (slurmd restarts:
+        the process-tracking plugin is chosen at start-up)."""
+        old = self._conf_template
+        self._conf_template = old.replace("ProctrackType=proctrack/linuxproc",
+                                          f"ProctrackType=proctrack/{kind}")
+        self._write_mode_files(self.mode)
+        self._restart_slurmd()
+        try:
+            yield self
+        finally:
+            self._conf_template = old
+            self._write_mode_files(self.mode)
+            self._restart_slurmd()
+
+    def _restart_slurmd(self) -> None:
+        _stop_pid(_read_pid(self._pidfiles["slurmd"]), 15)
+        subprocess.run(["scontrol", "reconfigure"], capture_output=True, env=self.env,
+                       timeout=60)
+        r = subprocess.run(["slurmd", "-f", self.conf, "-N", self.node], capture_output=True,
+                           text=True, env=self.env, timeout=60)
+        if r.returncode != 0:
+            raise RuntimeError(f"slurmd failed to restart: {r.stderr.strip()}")
+        _wait(lambda: self.node_state().startswith("idle"), 60, "the node after a slurmd "
+              "restart", 0.3)
+
     def _reconfigure(self) -> None:
         subprocess.run(["scontrol", "reconfigure"], capture_output=True, env=self.env,
                        timeout=60, check=True)

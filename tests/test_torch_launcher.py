@@ -63,6 +63,27 @@ def test_bad_reveal_options_are_rejected_with_the_option_named(bad, needle):
         split_args([*bad, "--standalone", "train.py"])
 
 
+def test_markers_on_by_default_and_opt_out():
+    from reveal_plugins.torch_ext.launcher import markers_wanted, split_args
+    opts, rest = split_args(["--standalone", "train.py"], table={"--standalone": False})
+    assert opts.markers and markers_wanted(opts.markers, {})
+    opts, rest = split_args(["--reveal-no-markers", "--standalone", "train.py"],
+                            table={"--standalone": False})
+    assert not opts.markers and rest == ["--standalone", "train.py"]
+    assert not markers_wanted(opts.markers, {})
+    assert not markers_wanted(True, {"REVEAL_ITERATION_MARKERS": "0"})
+
+
+@pytest.mark.slow
+def test_no_markers_option_records_no_iterations(tmp_path):
+    run = tmp_path / "run"
+    r = launch(["--reveal-out", run, "--reveal-no-markers", "--standalone",
+                "--nproc-per-node", "1", TRAIN, "--model", "mlp", "--steps", 60,
+                "--log-every", "0"], cwd=tmp_path)
+    assert r.returncode == 0, explain(r)
+    assert not [e for e in events(run) if e["event"] == "iteration"]
+
+
 def test_unknown_reveal_option_stops_before_any_worker_starts(tmp_path):
     touched = tmp_path / "worker-ran"
     script = tmp_path / "w.py"
@@ -80,10 +101,10 @@ def test_two_workers_recorded_with_ranks_pids_iterations_and_a_valid_report(tmp_
     jsonschema = pytest.importorskip("jsonschema")
     run = tmp_path / "run"
     steps = 150
-    # REVEAL_ITERATION_MARKERS=1: markers without touching the script (no --instrument).
+    # markers by default: no --instrument, no environment variable
     r = launch(["--reveal-out", run, "--reveal-interval", "0.2", "--standalone",
                 "--nproc-per-node", "2", TRAIN, "--model", "mlp", "--steps", steps,
-                "--log-every", "0"], cwd=tmp_path, env={"REVEAL_ITERATION_MARKERS": "1"})
+                "--log-every", "0"], cwd=tmp_path)
     assert r.returncode == 0, explain(r)
     ev = events(run)
     m = meta(run)

@@ -1,19 +1,22 @@
 #!/usr/bin/env python3
-"""Labeled detection benchmark: real torch CPU training under ``reveal record`` with anomalies
-injected at known times, scored against a single-IsolationForest reference in the same runs.
+"""Labeled detection benchmark with a dev and a test split: real torch CPU training under
+``reveal record`` with anomalies injected at known times, scored beside three simple reference
+detectors (IsolationForest, PCA reconstruction error, k-means distance) on the same recordings.
 
-    python benchmarks/detection/run.py                 # full (~25 min): 140-s runs, 3 models,
-                                                       # 5 stress-ng kinds x2, DDP network
-                                                       # slowdown, 3 clean runs
-    python benchmarks/detection/run.py --smoke         # ~2.5 min: one CPU injection + one clean
-    python benchmarks/detection/run.py --rescore DIR   # re-score recorded runs (no recording)
+    python benchmarks/detection/run.py --split dev --seed S --out D   # record + score dev
+    python benchmarks/detection/run.py --split test --seed S --out D  # ... the test split
+    python benchmarks/detection/run.py --smoke                  # ~2.5 min (CI)
+    python benchmarks/detection/run.py --rescore DIR [--split dev|test]   # no recording
 
-Injections (stress-ng, Debian): cpu (``--cpu 2``), cache (``--cache 2``), membw (``--stream 2``),
-memhog (``--vm 1 --vm-bytes 4G --vm-keep``), disk (``--hdd 1 --hdd-opts direct``: on this VM
-buffered writes stay in the page cache), and net: a 2-process gloo DDP run, rank 0 in the host
-namespace and rank 1 in a network namespace joined by a veth pair whose rate is cut with
-``tc qdisc ... tbf`` mid-run.  Needs root for the network part (skipped otherwise).
-Results: ``<out>/results.json`` and a table on stdout.
+Kinds (``KINDS``): stress-ng (cpu, cache, stream, vm, hdd) and the benchmark's own injectors
+(``injectors.py``: a one-core hog on the idle or on the victim's core, a cache thrasher, a
+memory-bandwidth streamer, a memory eater, a page-cache filler, a metadata storm, buffered and
+O_DIRECT writes) plus ``net``: a 2-rank gloo DDP run, rank 1 in a network namespace behind a veth
+pair whose rate is cut with ``tc qdisc ... tbf``.  Victims (``VICTIMS``): single-threaded (pinned
+to core 0), two threads, DataLoader workers, eval/checkpoint phases, DDP.  Each kind is injected
+three times; one instance goes to the dev split and two to the test split at random (the seed
+is printed and stored in ``scenarios.json``).  Tune on dev; report test.
+Needs root for the network part (skipped otherwise).  Results: ``<out>/results.json``.
 """
 from __future__ import annotations
 
@@ -33,52 +36,107 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from scoring import fmt_table, reference_iforest, score  # noqa: E402
+from scoring import fmt_confusion, fmt_table, reference_detectors, score  # noqa: E402
 
-EXPECTED = {"cpu": "cpu", "cache": "cpu", "membw": "memory", "memhog": "memory",
-            "disk": "storage", "net": "network"}
+#: injection kind -> (subsystem a correct finding names, how it is made)
+KINDS = {
+    "stress-cpu": ("cpu", "stress-ng --cpu 2"),
+    "stress-cache": ("cpu", "stress-ng --cache 2"),
+    "stress-membw": ("memory", "stress-ng --stream 1"),
+    "stress-vm": ("memory", "stress-ng --vm 1 --vm-bytes 2G --vm-keep"),
+    "stress-hdd": ("storage", "stress-ng --hdd 1 --hdd-opts direct"),
+    "hog1": ("cpu", "injectors.py hog1, pinned to core 1 (idle next to a pinned victim)"),
+    "hog1-busy": ("cpu", "injectors.py hog1, pinned to core 0 (the victim's core)"),
+    "cache": ("cpu", "injectors.py cache (random reads over 2x L3)"),
+    "membw": ("memory", "injectors.py membw (256 MiB array copies)"),
+    "memeat": ("memory", "injectors.py memeat --mb 1200 (allocate, touch, hold)"),
+    "pagecache": ("memory", "injectors.py pagecache --mb 3000 (fill the page cache, re-read)"),
+    "metadata": ("storage", "injectors.py metadata (create/stat/rename/unlink storm)"),
+    "bufwrite": ("storage", "injectors.py bufwrite (buffered, fsync every 64 MiB)"),
+    "dwrite": ("storage", "injectors.py dwrite (O_DIRECT 1 MiB writes)"),
+    "net": ("network", "tc tbf 2 Mbit/s on the veth of a 2-rank gloo DDP run"),
+}
+EXPECTED = {k: v[0] for k, v in KINDS.items()}
+#: victim shape -> train.py arguments (``single`` is pinned to core 0 so core 1 stays idle)
+VICTIMS = {
+    "single": ["--threads", "1"],
+    "multi": ["--threads", "2"],
+    "workers": ["--threads", "1", "--workers", "2"],
+    "phases": ["--threads", "1", "--eval-every", "150", "--checkpoint-every", "200"],
+    "ddp": ["--threads", "1"],
+}
 NETNS, VETH_H, VETH_N = "rvdetbench", "rvdet-h", "rvdet-n"
 IP_H, IP_N = "10.79.3.1", "10.79.3.2"
+INJECTORS = os.path.join(HERE, "injectors.py")
 
 
 def stress_cmd(kind: str, length: float, tmp: str) -> list[str]:
     t = f"{int(round(length))}s"
+    if not kind.startswith("stress-"):
+        own = kind.split("-")[0]
+        cpu = {"hog1": ["--cpu", "1"], "hog1-busy": ["--cpu", "0"]}.get(kind, [])
+        mb = {"memeat": ["--mb", "1200"], "pagecache": ["--mb", "3000"]}.get(kind, [])
+        return [sys.executable, INJECTORS, own, str(length), "--dir", tmp] + cpu + mb
     base = ["stress-ng", "--timeout", t, "--quiet"]
     return base + {
-        "cpu": ["--cpu", "2"],
-        "cache": ["--cache", "2"],
-        "membw": ["--stream", "2"],
-        "memhog": ["--vm", "1", "--vm-bytes", "4G", "--vm-keep"],
-        "disk": ["--hdd", "1", "--hdd-opts", "direct", "--hdd-bytes", "256M",
-                 "--temp-path", tmp],
+        "stress-cpu": ["--cpu", "2"],
+        "stress-cache": ["--cache", "2"],
+        "stress-membw": ["--stream", "1"],
+        "stress-vm": ["--vm", "1", "--vm-bytes", "2G", "--vm-keep"],
+        "stress-hdd": ["--hdd", "1", "--hdd-opts", "direct", "--hdd-bytes", "256M",
+                       "--temp-path", tmp],
     }[kind]
 
 
-def scenarios(smoke: bool, seconds: float, net: bool) -> list[dict]:
+def scenarios(smoke: bool, seconds: float, net: bool, seed: int, per_kind: int = 3,
+              clean: tuple[int, int] = (2, 5)) -> list[dict]:
+    """Runs of the dev and test splits.  Every kind is injected ``per_kind`` times; each
+    instance is assigned to dev (one) or test (the rest) at random, then paired with another
+    instance of the same split into a run of a random victim shape and model.  Two injections
+    of 15 % of the run each, at 30 % and 65 %: self-referential detection needs most of a run
+    to be normal."""
+    import random
+
     if smoke:
-        return [{"name": "smoke-mlp-cpu", "model": "mlp", "seconds": 60,
-                 "inject": [("cpu", 20, 15)]},
-                {"name": "smoke-clean", "model": "mlp", "seconds": 45, "inject": []}]
-    # Two injections of 13 % of the run each: self-referential detection needs most of a run
-    # to be normal (above ~40 % anomalous, the anomaly becomes the run's typical state).
-    a, b, L = 0.3 * seconds, 0.65 * seconds, 0.13 * seconds
-    sc = [
-        {"name": "mlp-cpu-memhog", "model": "mlp", "inject": [("cpu", a, L), ("memhog", b, L)]},
-        {"name": "cnn-cache-disk", "model": "cnn", "inject": [("cache", a, L), ("disk", b, L)]},
-        {"name": "rnn-membw-cpu", "model": "rnn", "inject": [("membw", a, L), ("cpu", b, L)]},
-        {"name": "mlp-disk-cache", "model": "mlp", "inject": [("disk", a, L), ("cache", b, L)]},
-        {"name": "cnn-memhog-membw", "model": "cnn",
-         "inject": [("memhog", a, L), ("membw", b, L)]},
-        {"name": "clean-mlp", "model": "mlp", "inject": []},
-        {"name": "clean-cnn", "model": "cnn", "inject": []},
-        {"name": "clean-rnn", "model": "rnn", "inject": []},
-    ]
-    for s in sc:
-        s["seconds"] = seconds
-    if net:
-        sc.append({"name": "ddp-net", "model": "mlp", "seconds": seconds, "net": True,
-                   "inject": [("net", 0.4 * seconds, 0.2 * seconds)]})
-    return sc
+        return [{"name": "smoke-single-hog1", "model": "mlp", "victim": "single",
+                 "seconds": 60, "split": "dev", "inject": [("hog1", 20, 15)]},
+                {"name": "smoke-clean", "model": "mlp", "victim": "single", "seconds": 45,
+                 "split": "dev", "inject": []}]
+    rng = random.Random(seed)
+    kinds = [k for k in KINDS if net or k != "net"]
+    a, b, L = 0.3 * seconds, 0.65 * seconds, 0.15 * seconds
+    out: list[dict] = []
+    for split in ("dev", "test"):
+        inst = []
+        for k in kinds:
+            n = 1 if split == "dev" else per_kind - 1
+            inst += [k] * n
+        rng.shuffle(inst)
+        nets = [k for k in inst if k == "net"]
+        rest = [k for k in inst if k != "net"]
+        pairs = []
+        for k in nets:           # a slow link needs a distributed victim
+            pairs.append(("ddp", [k, rest.pop()] if rest else [k]))
+        while rest:
+            pairs.append((None, [rest.pop(), rest.pop()] if len(rest) > 1 else [rest.pop()]))
+        for i, (victim, ks) in enumerate(pairs):
+            if victim is None:
+                shapes = [v for v in VICTIMS if v != "ddp" or net]
+                victim = "single" if any(k.startswith("hog1") for k in ks) else rng.choice(shapes)
+            rng.shuffle(ks)
+            model = rng.choice(["mlp", "cnn", "rnn"])
+            out.append({"name": f"{split}-{i:02d}-{victim}-{model}-{'-'.join(ks)}",
+                        "model": model, "victim": victim, "seconds": seconds, "split": split,
+                        "net": victim == "ddp",
+                        "inject": [(k, t, L) for k, t in zip(ks, (a, b))]})
+        for i in range(clean[0 if split == "dev" else 1]):
+            shapes = [v for v in VICTIMS if v != "ddp" or net]
+            victim = shapes[(i + (0 if split == "dev" else 2)) % len(shapes)]
+            model = rng.choice(["mlp", "cnn", "rnn"])
+            out.append({"name": f"{split}-clean{i}-{victim}-{model}", "model": model,
+                        "victim": victim, "seconds": seconds, "split": split,
+                        "net": victim == "ddp", "inject": []})
+    return out
 
 
 def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -115,11 +173,13 @@ def net_slow(on: bool) -> None:
 def train_cmd(sc: dict) -> list[str]:
     py = sys.executable
     train = os.path.join(ROOT, "examples", "train.py")
+    extra = VICTIMS[sc.get("victim", "multi")]
     if not sc.get("net"):
-        return [py, train, "--model", sc["model"], "--seconds", str(sc["seconds"]),
-                "--log-every", "0"]
+        cmd = [py, train, "--model", sc["model"], "--seconds", str(sc["seconds"]),
+               "--log-every", "0"] + extra
+        return (["taskset", "-c", "0"] + cmd) if sc.get("victim") == "single" else cmd
     common = (f"MASTER_PORT=29791 WORLD_SIZE=2 {py} {train} --model {sc['model']} "
-              f"--seconds {sc['seconds']} --log-every 0 --threads 1")
+              f"--seconds {sc['seconds']} --log-every 0 {' '.join(extra)}")
     script = (f"ip netns exec {NETNS} env MASTER_ADDR={IP_H} RANK=1 LOCAL_RANK=0 "
               f"GLOO_SOCKET_IFNAME={VETH_N} {common} & "
               f"env MASTER_ADDR={IP_H} RANK=0 LOCAL_RANK=0 GLOO_SOCKET_IFNAME={VETH_H} {common}; "
@@ -237,12 +297,13 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
     dur = rep["run"]["end"] - rep["run"]["start"]
     live, worst = live_replay(run_dir)
     base = {"name": sc["name"], "clean": not sc["inject"], "duration_s": dur,
-            "injections": labels["injections"]}
+            "injections": labels["injections"], "victim": sc.get("victim"),
+            "split": sc.get("split", "test")}
     ours = dict(base, events=[{"start": a["start"], "end": a["end"],
                                "subsystem": a["subsystem"]} for a in rep["anomalies"]],
                 live=[{"start": a["start"], "detected_at": a["detected_at"],
                        "subsystem": a["subsystem"]} for a in live])
-    ref = dict(base, events=reference_iforest(run_dir))
+    refs = {k: dict(base, events=v) for k, v in reference_detectors(run_dir).items()}
     info = {"name": sc["name"], "analysis_s": round(secs, 2), "live_update_max_s": round(worst, 3),
             "found": [(round(a["start"] - rep["run"]["start"], 1),
                        round(a["end"] - rep["run"]["start"], 1), a["subsystem"],
@@ -252,8 +313,11 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
                          for i in labels["injections"]],
             "live": [(round(a["detected_at"] - rep["run"]["start"], 1), a["subsystem"])
                      for a in live],
-            "reference_events": len(ref["events"])}
-    return ours, ref, info
+            "reference_events": {k: len(v["events"]) for k, v in refs.items()},
+            "status": rep.get("status"),
+            "observations": [(round(o["start"] - rep["run"]["start"], 1), o["subsystem"])
+                             for o in rep.get("observations") or []]}
+    return ours, refs, info
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -264,6 +328,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rescore", metavar="DIR", help="score already recorded runs in DIR")
     ap.add_argument("--no-net", action="store_true", help="skip the DDP network scenario")
     ap.add_argument("--only", help="comma-separated scenario names")
+    ap.add_argument("--split", choices=("dev", "test", "all"), default="all",
+                    help="record/score only this split (tune on dev, report test)")
+    ap.add_argument("--seed", type=int, default=None,
+                    help="seed of the split assignment and scenario draw (printed)")
     args = ap.parse_args(argv)
     if args.rescore:
         out = args.rescore
@@ -276,7 +344,13 @@ def main(argv: list[str] | None = None) -> int:
         net = not args.no_net and not args.smoke and os.geteuid() == 0 and bool(shutil.which("tc"))
         out = args.out or tempfile.mkdtemp(prefix="reveal-detbench-")
         os.makedirs(out, exist_ok=True)
-        scs = scenarios(args.smoke, args.seconds, net)
+        seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(2), "big")
+        print(f"scenario seed {seed}", flush=True)
+        scs = scenarios(args.smoke, args.seconds, net, seed)
+        if args.split != "all":
+            scs = [s for s in scs if s["split"] == args.split]
+        with open(os.path.join(out, "scenarios.json"), "w") as f:
+            json.dump({"seed": seed, "scenarios": scs}, f, indent=1)
         if args.only:
             want = set(args.only.split(","))
             scs = [s for s in scs if s["name"] in want]
@@ -290,18 +364,29 @@ def main(argv: list[str] | None = None) -> int:
     ours_runs, ref_runs, infos = [], [], []
     for n in names:
         o, r, info = evaluate(os.path.join(out, n))
+        if args.split != "all" and o["split"] != args.split:
+            continue
         ours_runs.append(o)
         ref_runs.append(r)
         infos.append(info)
         print(f"  {n}: injected {info['injected']}\n      found {info['found']}\n"
-              f"      live {info['live']}  (reference: {info['reference_events']} events; "
+              f"      observations {info['observations']}\n"
+              f"      live {info['live']}  (references: {info['reference_events']} events; "
               f"analysis {info['analysis_s']} s)", flush=True)
-    ours, ref = score(ours_runs), score(ref_runs)
-    print()
-    print(fmt_table(ours, ref))
-    print("per kind (reveal):", json.dumps(ours["per_kind"]))
-    res = {"out": out, "reveal": ours, "reference_iforest": ref, "runs": infos,
-           "finished": time.time()}
+    res = {"out": out, "runs": infos, "finished": time.time()}
+    for split in ("dev", "test"):
+        sel = [i for i, o in enumerate(ours_runs) if o["split"] == split]
+        if not sel:
+            continue
+        ours = score([ours_runs[i] for i in sel])
+        refs = {k: score([ref_runs[i][k] for i in sel]) for k in ref_runs[sel[0]]}
+        print(f"\n== {split} split: {len(sel)} runs ==")
+        print(fmt_table(ours, refs))
+        print("\nsubsystem confusion (reveal):")
+        print(fmt_confusion(ours))
+        print("per kind (reveal):", json.dumps(ours["per_kind"]))
+        print("per victim (reveal):", json.dumps(ours["per_victim"]))
+        res[split] = {"reveal": ours, **{f"reference_{k}": v for k, v in refs.items()}}
     with open(os.path.join(out, "results.json"), "w") as f:
         json.dump(res, f, indent=1)
     print(f"\nresults: {os.path.join(out, 'results.json')}")

@@ -25,6 +25,9 @@ def score(runs: list[dict]) -> dict:
     false_events = 0
     off_s = 0.0
     per_kind: dict[str, list[int]] = {}
+    per_sub: dict[str, list[int]] = {}
+    per_victim: dict[str, list[int]] = {}
+    confusion: dict[str, dict[str, int]] = {}
     for r in runs:
         inj = r["injections"]
         evs = r["events"]
@@ -45,18 +48,26 @@ def score(runs: list[dict]) -> dict:
         for i in inj:
             n_inj += 1
             k = per_kind.setdefault(i["kind"], [0, 0, 0])
-            k[0] += 1
+            ks = per_sub.setdefault(i["subsystem"], [0, 0, 0])
+            kv = per_victim.setdefault(r.get("victim") or "?", [0, 0, 0])
+            row = confusion.setdefault(i["subsystem"], {})
+            for c in (k, ks, kv):
+                c[0] += 1
             ov = [(e, _overlap(e["start"], e["end"], i["start"] - OVERLAP_SLACK_S,
                                i["end"] + OVERLAP_SLACK_S)) for e in evs]
             ov = [x for x in ov if x[1] > 0]
             if ov:
                 hit += 1
-                k[1] += 1
                 best = max(ov, key=lambda x: x[1])[0]
+                row[best["subsystem"]] = row.get(best["subsystem"], 0) + 1
+                for c in (k, ks, kv):
+                    c[1] += 1
+                    c[2] += best["subsystem"] == i["subsystem"]
                 if best["subsystem"] == i["subsystem"]:
                     attr_ok += 1
-                    k[2] += 1
                 lat_end.append(min(e["start"] for e, _ in ov) - i["start"])
+            else:
+                row["(missed)"] = row.get("(missed)", 0) + 1
             lv = [x for x in r.get("live") or []
                   if i["start"] - OVERLAP_SLACK_S <= x["detected_at"] <= i["end"] + 10
                   and x["start"] <= i["end"] + OVERLAP_SLACK_S]
@@ -78,19 +89,29 @@ def score(runs: list[dict]) -> dict:
         "live_latency_s_max": float(np.max(lat_live)) if lat_live else None,
         "clean_hours": clean_s / 3600.0,
         "false_events_per_clean_hour": clean_events / (clean_s / 3600.0) if clean_s else None,
+        "false_events_clean": int(clean_events),
+        "false_events_per_clean_hour_95ub": (poisson_upper(int(clean_events)) /
+                                             (clean_s / 3600.0)) if clean_s else None,
         "false_events_total": false_events,
         "false_events_per_unlabelled_hour": false_events / (off_s / 3600.0) if off_s else None,
         "per_kind": {k: {"n": v[0], "detected": v[1], "attributed": v[2]}
                      for k, v in sorted(per_kind.items())},
+        "per_subsystem": {k: {"n": v[0], "detected": v[1], "attributed": v[2],
+                              "recall": v[1] / v[0]} for k, v in sorted(per_sub.items())},
+        "per_victim": {k: {"n": v[0], "detected": v[1], "attributed": v[2]}
+                       for k, v in sorted(per_victim.items())},
+        "confusion": confusion,
     }
 
 
-def reference_iforest(run_dir: str, min_s: float = 0.5, gap_s: float = 1.0) -> list[dict]:
-    """The single-detector reference: one IsolationForest (scikit-learn defaults,
-    contamination='auto') on raw per-sample rates/gauges, flagged samples merged into events,
-    subsystem = prefix of the channel with the largest |z| over the event."""
-    from sklearn.ensemble import IsolationForest
+def poisson_upper(k: int, conf: float = 0.95) -> float:
+    """Two-sided ``conf`` upper bound of a Poisson mean after observing ``k`` events."""
+    from scipy.stats import chi2
 
+    return float(chi2.ppf(1 - (1 - conf) / 2, 2 * k + 2) / 2)
+
+
+def _reference_matrix(run_dir: str):
     from reveal_plugins.detect.prepare import prepare
     from reveal_plugins.telemetry.store import load_run
 
@@ -98,15 +119,18 @@ def reference_iforest(run_dir: str, min_s: float = 0.5, gap_s: float = 1.0) -> l
     fr = data.frame
     P = prepare(fr.t, fr.values, fr.channels)
     if len(P.t) < 20 or P.X.shape[1] == 0:
-        return []
+        return P, None
     X = P.X.astype(np.float64)
     med = np.nanmedian(X, axis=0)
     iqr = np.nanpercentile(X, 75, axis=0) - np.nanpercentile(X, 25, axis=0)
     sd = np.nanstd(X, axis=0)
     scale = np.where(iqr > 0, iqr, np.where(sd > 0, sd, 1.0))
-    Z = np.nan_to_num((X - med) / scale)
-    model = IsolationForest(random_state=0).fit(Z)
-    flag = model.predict(Z) == -1
+    return P, np.nan_to_num((X - med) / scale)
+
+
+def _events(P, Z, flag, min_s: float = 0.5, gap_s: float = 1.0) -> list[dict]:
+    """Flagged samples merged into events; subsystem = prefix of the channel with the largest
+    |z| over the event."""
     events = []
     idx = np.nonzero(flag)[0]
     if len(idx) == 0:
@@ -127,14 +151,48 @@ def reference_iforest(run_dir: str, min_s: float = 0.5, gap_s: float = 1.0) -> l
     return events
 
 
-def fmt_table(ours: dict, ref: dict) -> str:
+def _mad_flag(score: np.ndarray, k: float = 5.0) -> np.ndarray:
+    med = np.median(score)
+    mad = 1.4826 * np.median(np.abs(score - med)) or float(np.std(score)) or 1.0
+    return score > med + k * mad
+
+
+def reference_detectors(run_dir: str) -> dict[str, list[dict]]:
+    """The simple references, on the same recordings and the same per-sample robust-scaled
+    rates/gauges: one IsolationForest (scikit-learn defaults, contamination='auto'), PCA
+    reconstruction error (components for 90 % of the variance) and the distance to the
+    nearest of 8 k-means centres; PCA and k-means flag scores above median + 5 MAD."""
+    from sklearn.cluster import KMeans
+    from sklearn.decomposition import PCA
+    from sklearn.ensemble import IsolationForest
+
+    P, Z = _reference_matrix(run_dir)
+    if Z is None:
+        return {"iforest": [], "pca": [], "kmeans": []}
+    out = {"iforest": _events(P, Z, IsolationForest(random_state=0).fit(Z).predict(Z) == -1)}
+    pca = PCA(n_components=0.9, svd_solver="full").fit(Z)
+    rec = pca.inverse_transform(pca.transform(Z))
+    out["pca"] = _events(P, Z, _mad_flag(((Z - rec) ** 2).sum(axis=1)))
+    km = KMeans(n_clusters=8, n_init=3, random_state=0).fit(Z)
+    out["kmeans"] = _events(P, Z, _mad_flag(km.transform(Z).min(axis=1)))
+    return out
+
+
+def reference_iforest(run_dir: str) -> list[dict]:
+    return reference_detectors(run_dir)["iforest"]
+
+
+def fmt_table(ours: dict, refs: dict[str, dict]) -> str:
     rows = [("recall", "recall"), ("precision (alarm-seconds)", "precision_alarm_s"),
             ("F1", "f1"), ("attribution accuracy", "attribution_accuracy"),
             ("onset latency job-end, median s", "onset_latency_s_median"),
             ("onset latency job-end, max s", "onset_latency_s_max"),
             ("onset latency live, median s", "live_latency_s_median"),
             ("onset latency live, max s", "live_latency_s_max"),
+            ("clean hours", "clean_hours"),
+            ("false events on clean runs", "false_events_clean"),
             ("false events per clean hour", "false_events_per_clean_hour"),
+            ("  95% upper bound", "false_events_per_clean_hour_95ub"),
             ("false events (all runs, outside injections)", "false_events_total"),
             ("alarm seconds", "alarm_s")]
 
@@ -145,9 +203,18 @@ def fmt_table(ours: dict, ref: dict) -> str:
             return f"{v:.3f}" if abs(v) < 10 else f"{v:.1f}"
         return str(v)
 
-    out = [f"{'metric':46s} {'reveal':>10s} {'1xIForest':>10s}"]
+    cols = [("reveal", ours)] + list(refs.items())
+    out = [f"{'metric':46s}" + "".join(f"{n:>10s}" for n, _ in cols)]
     for label, k in rows:
-        out.append(f"{label:46s} {f(ours.get(k)):>10s} {f(ref.get(k)):>10s}")
-    out.append(f"{'injections detected':46s} {ours['detected']:>4d}/{ours['injections']:<5d}"
-               f" {ref['detected']:>4d}/{ref['injections']:<5d}")
+        out.append(f"{label:46s}" + "".join(f"{f(r.get(k)):>10s}" for _, r in cols))
+    out.append(f"{'injections detected':46s}" + "".join(
+        f"{str(r['detected']) + '/' + str(r['injections']):>10s}" for _, r in cols))
+    return "\n".join(out)
+
+
+def fmt_confusion(res: dict) -> str:
+    subs = sorted({c for row in res["confusion"].values() for c in row})
+    out = [f"{'injected / found':18s}" + "".join(f"{c:>10s}" for c in subs)]
+    for k, row in sorted(res["confusion"].items()):
+        out.append(f"{k:18s}" + "".join(f"{row.get(c, 0):>10d}" for c in subs))
     return "\n".join(out)

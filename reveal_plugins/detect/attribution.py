@@ -33,7 +33,9 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^cpu\.procs_running$", +1, 1.5), (r"^system\.nr_running$", +1, 1.5),
     (r"^cpu\.all\.steal_pct$", +1, 5.0), (r"^cpu\.all\.iowait_pct$", +1, 5.0),
     (r"^cpu\..*freq", -1, -0.1),
-    (r"^cpu\.run\.(usage|user)$", -1, 0.1), (r"^cpu\.run\.throttled_time$", +1, 0.05),
+    # (the job's own CPU share falling is no symptom: its own phases do that; when something
+    # holds it back, that something shows -- foreign load, pressure, iowait, a slower link)
+    (r"^cpu\.run\.throttled_time$", +1, 0.05),
     (r"^cpu\.run\.nr_throttled$", +1, 1.0),
     (r"^storage\.procs_blocked$", +1, 1.0),
     (r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|flush_ms)$", +1, 500.0),
@@ -255,7 +257,12 @@ def iteration_impact(events: list[dict], start: float, end: float,
     # anomaly): a slowdown must stand out of it to count as evidence
     per = dt[outside] / n[outside]
     noise = 100.0 * 1.4826 * float(np.median(np.abs(per - np.median(per)))) / base
+    # broad: the typical step slowed, not one long pause between steps (an eval loop, a
+    # checkpoint -- the job's own phases)
+    med_pct = 100.0 * (float(np.median(dt[inside] / n[inside])) - float(np.median(per))) / max(
+        float(np.median(per)), 1e-12)
     return {"iteration_time_pct": round(pct, 1), "noise_pct": round(noise, 1),
+            "typical_step_pct": round(med_pct, 1),
             "iteration_time_s": round(obs, 6),
             "iteration_time_baseline_s": round(base, 6), "iterations": int(n[inside].sum()),
             "text": f"iteration time {pct:+.0f}% during this anomaly "

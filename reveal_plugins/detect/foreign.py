@@ -122,7 +122,10 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
             s = col("cpu.all.system") + sum(col(f"cpu.all.{k}") for k in ("irq", "softirq")
                                             if f"cpu.all.{k}" in idx)
             add("cpu.foreign.system_cores", s / _CLK_TCK - col("cpu.run.system"), "cores")
-    run_mem = next((n for n in ("memory.run.usage", "memory.run.rss") if n in idx), None)
+    # the run's own memory without its page cache (which the node's MemAvailable counts as
+    # available too): anonymous memory, else resident memory, else the cgroup's charge
+    run_mem = next((n for n in ("memory.run.anon", "memory.run.rss", "memory.run.usage")
+                    if n in idx), None)
     if run_mem and "memory.MemTotal" in idx and "memory.MemAvailable" in idx:
         used = (col("memory.MemTotal") - col("memory.MemAvailable")) * 1024.0
         # meminfo is read once a second (NaN between reads): hold the last reading

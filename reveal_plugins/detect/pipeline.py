@@ -324,8 +324,9 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         hits = attr.symptom_hits(dev, observed, c_ref, smask, cfg["min_deviation"])
         symp = [int(i) for i in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
         impact = attr.iteration_impact(events, s0, s1, spans)
-        slowed = bool(impact and impact["iteration_time_pct"] >= max(
-            cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)))
+        bar = max(cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)) if impact else 0
+        slowed = bool(impact and impact["iteration_time_pct"] >= bar
+                      and impact.get("typical_step_pct", bar) >= bar)
         sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
         fsub = fl.subsystem(fsup)
         if fsub and not (sub in ("network", "gpu") and symp):

@@ -216,6 +216,12 @@ class Agent:
             st.live = self._make_live(channels)
         self._event(st, "run_start", run_id=run.run_id, source=run.source)
         with self._lock:
+            # Runs sharing the node learn of each other (ids only): a finding of foreign load
+            # can then say "another registered run" rather than "a process in no run".
+            for other in self._runs.values():
+                self._event(other, "neighbour_start", run_id=run.run_id, job_id=run.job_id)
+                self._event(st, "neighbour_start", run_id=other.run.run_id,
+                            job_id=other.run.job_id)
             self._runs[run.run_id] = st
             self._read_all = True  # a new run starts with every channel read
         call_safely("reveal_run_start", run=run)
@@ -254,6 +260,13 @@ class Agent:
             s = st.steps.setdefault(sid, {"step_id": sid, "start": st.start, "end": None,
                                           "exit_code": None})
             s["end"], s["exit_code"] = rec["t"], fields.get("exit_code")
+        if event == "pids" and isinstance(fields.get("pids"), list):
+            for p in st.probes:
+                if hasattr(p, "add_pids"):
+                    try:
+                        p.add_pids([x for x in fields["pids"] if isinstance(x, int)])
+                    except Exception as e:
+                        self._probe_failed(p.name, e)
         if event in ("step_start", "step_end"):
             call_safely("reveal_" + event, run=st.run, step_id=str(fields.get("step_id")),
                         t=rec["t"], **({"exit_code": fields.get("exit_code")}
@@ -275,6 +288,8 @@ class Agent:
     def unregister(self, run_id: str, exit_code: int | None = None) -> str:
         with self._lock:
             st = self._runs.pop(run_id, None)
+            for other in (self._runs.values() if st is not None else ()):
+                self._event(other, "neighbour_end", run_id=run_id, job_id=st.run.job_id)
         if st is None:
             raise KeyError(f"run_id {run_id!r} is not registered")
         self._finish(st, exit_code)
@@ -290,6 +305,8 @@ class Agent:
             if s["end"] is None:
                 s["end"] = now
         self._event(st, "run_end", exit_code=exit_code)
+        # run probes say at the end how they measured (a job's cgroup appears after start)
+        st.meta["probes"] = self.probe_table() + [p.describe() for p in st.probes]
         st.meta.update(end=now, exit_code=exit_code, steps=list(st.steps.values()),
                        samples=st.writer.samples_written, bytes_stored=st.writer.bytes_written,
                        write_error=st.write_error, live_findings=st.live_findings)

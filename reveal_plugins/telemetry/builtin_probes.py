@@ -44,5 +44,9 @@ def reveal_register_run_probes(run: RunInfo, config: dict[str, Any]) -> list:
     probes: list = []
     if run.cgroup or run.pids:
         probes += _optional("cgroup", "CgroupProbe", run)
+    elif run.source == "slurm" and run.job_id:
+        # registered by job id only (SPANK plugin): the agent finds the job's cgroup or
+        # slurmstepd process trees itself, step after step
+        probes += _optional("jobscope", "JobScopeProbe", run)
     probes += _optional("perf", "perf_run_probes", run.pids)  # [] when counted system-wide
     return probes

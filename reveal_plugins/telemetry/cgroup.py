@@ -591,6 +591,15 @@ class CgroupProbe(Probe):
             self.mode = "cgroup-v2"
         self.source = label
 
+    def add_pids(self, pids: Sequence[int]) -> None:
+        """More processes of the run (a launcher's workers, a later step): a process-tree
+        probe follows them from now on; a cgroup already holds them."""
+        if self._tree is not None:
+            for p in pids:
+                if isinstance(p, int) and p > 0 and p not in self._tree.roots:
+                    self._tree.roots.append(p)
+            self._tree.rescan()
+
     def sample(self) -> list[float]:
         out: list[float] = self._tree.read() if self._tree else []
         for r in self._readers:

@@ -1,4 +1,5 @@
-"""``reveal-torchrun [--reveal-out DIR] [--reveal-interval S] [--reveal-off] <torchrun args>``.
+"""``reveal-torchrun [--reveal-out DIR] [--reveal-interval S] [--reveal-no-markers] [--reveal-off]
+<torchrun args>``.
 
 A drop-in ``torchrun``: it runs ``torch.distributed.run.main`` in this process, unchanged, with
 the node's hardware telemetry recorded around it (``reveal_plugins.recording.Recording``: a
@@ -30,7 +31,8 @@ from . import markers
 log = logging.getLogger(__name__)
 
 PROG = "reveal-torchrun"
-USAGE = f"""usage: {PROG} [--reveal-out DIR] [--reveal-interval S] [--reveal-off] <torchrun arguments>
+USAGE = f"""usage: {PROG} [--reveal-out DIR] [--reveal-interval S] [--reveal-no-markers] [--reveal-off]
+                       <torchrun arguments>
 
 Runs torchrun (torch.distributed.run) with hardware telemetry recorded for the whole launch,
 analyses it at the end and prints the summary.  The exit code is torchrun's.
@@ -39,13 +41,16 @@ reveal options (before the training script; all other arguments go to torchrun u
   --reveal-out DIR       run directory of this node (default ./reveal-runs/<time>-<host>-<pid>);
                          in a multi-node launch DIR/<host> (DIR/<host>.2 ... when taken)
   --reveal-interval S    sampling interval in seconds (0.01-60, default 0.1)
+  --reveal-no-markers    no iteration markers (by default every optimizer step of every
+                         worker is reported, so reports say how much an anomaly slowed
+                         training; no change to the script)
   --reveal-off           no telemetry: behave exactly like torchrun
 
 environment:
-  REVEAL_ITERATION_MARKERS=1   report every optimizer step of every worker (no code change;
-                               or call reveal_plugins.torch_ext.instrument() in the script)
+  REVEAL_ITERATION_MARKERS=0   same as --reveal-no-markers
 """
-REVEAL_OPTIONS = {"--reveal-out": True, "--reveal-interval": True, "--reveal-off": False}
+REVEAL_OPTIONS = {"--reveal-out": True, "--reveal-interval": True, "--reveal-off": False,
+                  "--reveal-no-markers": False}
 
 # Worker bootstrap for REVEAL_ITERATION_MARKERS=1: a sitecustomize put first on the workers'
 # PYTHONPATH that installs the markers once torch.optim is imported, then hands over to any
@@ -81,6 +86,7 @@ class RevealOptions:
     out: str | None = None
     interval_s: float = 0.1
     off: bool = False
+    markers: bool = True
 
 
 def _torchrun_options() -> dict[str, bool]:
@@ -133,7 +139,10 @@ def split_args(argv: list[str], table: dict[str, bool] | None = None
             else:
                 if eq:
                     raise UsageError(f"{name} takes no value (got {a!r})")
-                opts.off = True
+                if name == "--reveal-off":
+                    opts.off = True
+                else:
+                    opts.markers = False
             i += 1
             continue
         if a == "--" or not a.startswith("-") or a == "-":
@@ -430,7 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     exc: tuple = (None, None, None)
     rc = 1
     try:
-        rc = _run_recorded(sess, rest, targs)
+        rc = _run_recorded(sess, rest, targs, opts.markers)
     except BaseException:
         exc = sys.exc_info()
         raise
@@ -442,10 +451,18 @@ def main(argv: list[str] | None = None) -> int:
     return rc
 
 
-def _run_recorded(sess: _Session, rest: list[str], targs: Any) -> int:
+def markers_wanted(flag: bool, env: dict[str, str] | None = None) -> bool:
+    """Iteration markers are on unless ``--reveal-no-markers`` or REVEAL_ITERATION_MARKERS=0."""
+    val = (os.environ if env is None else env).get(markers.ENV_AUTO, "1").strip().lower()
+    return flag and val not in ("0", "false", "no", "off")
+
+
+def _run_recorded(sess: _Session, rest: list[str], targs: Any, want_markers: bool = True
+                  ) -> int:
     from . import elastic
     tmp = tempfile.mkdtemp(prefix="reveal-torchrun-")
-    saved_env = {k: os.environ.get(k) for k in (markers.ENV_SOCK, "PYTHONPATH")}
+    saved_env = {k: os.environ.get(k) for k in (markers.ENV_SOCK, "PYTHONPATH",
+                                                 markers.ENV_AUTO)}
     receiver = None
     uninstall = None
     try:
@@ -455,7 +472,8 @@ def _run_recorded(sess: _Session, rest: list[str], targs: Any) -> int:
             os.environ[markers.ENV_SOCK] = receiver.path
         except OSError as e:
             print(f"reveal: iteration markers unavailable ({e})", file=sys.stderr)
-        if os.environ.get(markers.ENV_AUTO, "") not in ("", "0", "false", "no", "off"):
+        if markers_wanted(want_markers):
+            os.environ[markers.ENV_AUTO] = "1"     # the workers' bootstrap reads it
             boot = os.path.join(tmp, "boot")
             os.mkdir(boot)
             with open(os.path.join(boot, "sitecustomize.py"), "w") as f:

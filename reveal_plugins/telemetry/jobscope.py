@@ -1,0 +1,236 @@
+"""Run accounting for a Slurm job known only by its id (the SPANK plugin registers runs so).
+
+The agent finds the job's processes itself, again and again while the job runs (steps come and
+go, and Slurm creates the job's cgroup only when the first step starts):
+
+1. cgroup v1, Slurm's ``proctrack/cgroup`` / ``task/cgroup`` layout:
+   ``<mount>/<controller>/slurm[_<node>]/uid_<uid>/job_<id>`` (every step below it).  Where
+   an accounting controller holds the job (cpuacct, memory: ``task/cgroup``,
+   ``jobacct_gather/cgroup``), its counters are read; where only ``proctrack/cgroup``'s freezer
+   does, its member PIDs (``cgroup.procs`` of the job and its steps) are the process set;
+2. cgroup v2 (Slurm >= 22.05 ``cgroup/v2``): ``<root>/system.slice/slurmstepd.scope/job_<id>``
+   (or any ``.../job_<id>`` under a ``slurmstepd.scope``);
+3. without cgroups (``proctrack/linuxproc``, ``pgid``): the process trees of the job's
+   ``slurmstepd: [<id>.<step>]`` processes, found in ``/proc``.
+
+The channel set is fixed when the run registers (segments have a fixed schema): the job's CPU
+time (user, system), memory (anonymous/resident and charged), block I/O bytes, read/write
+syscall bytes and process count.  Counters are kept monotonic across steps: when a step's
+processes vanish, the job's totals never go backwards (each sample adds only the positive
+change since the previous one).
+"""
+from __future__ import annotations
+
+import glob
+import os
+from typing import Sequence
+
+from ..types import ChannelMeta, RunInfo
+from .cgroup import CgroupProbe, _ProcessTree
+from .probe import NAN, Probe
+
+CHANNELS = [
+    ChannelMeta("cpu.run.usage", "s", "counter", "jobscope", "CPU time of the job"),
+    ChannelMeta("cpu.run.user", "s", "counter", "jobscope", "user CPU time of the job"),
+    ChannelMeta("cpu.run.system", "s", "counter", "jobscope", "system CPU time of the job"),
+    ChannelMeta("memory.run.anon", "bytes", "gauge", "jobscope",
+                "anonymous memory of the job (resident memory without cgroups)"),
+    ChannelMeta("memory.run.usage", "bytes", "gauge", "jobscope",
+                "memory charged to the job (cgroup; resident memory without cgroups)"),
+    ChannelMeta("storage.run.read_bytes", "bytes", "counter", "jobscope", "block bytes read"),
+    ChannelMeta("storage.run.write_bytes", "bytes", "counter", "jobscope", "block bytes written"),
+    ChannelMeta("storage.run.rchar", "bytes", "counter", "jobscope",
+                "bytes read through syscalls (process trees only)"),
+    ChannelMeta("storage.run.wchar", "bytes", "counter", "jobscope",
+                "bytes written through syscalls (process trees only)"),
+    ChannelMeta("system.run.nprocs", "processes", "gauge", "jobscope", "processes of the job"),
+]
+_NAMES = [c.name for c in CHANNELS]
+_COUNTER = [c.kind == "counter" for c in CHANNELS]
+#: tree channel -> fixed channel (the tree has no "anon" or "usage": RSS stands for both)
+_TREE_MAP = {"memory.run.rss": ("memory.run.anon", "memory.run.usage")}
+
+
+def job_cgroups(job_id: str, uid: int | None, root: str = "/sys/fs/cgroup") -> list[str]:
+    """Directories of the job's cgroup (one per v1 hierarchy, or the v2 one)."""
+    job = f"job_{job_id}"
+    uids = [f"uid_{uid}"] if uid is not None else ["uid_*"]
+    out: list[str] = []
+    for u in uids:
+        out += glob.glob(os.path.join(root, "*", "slurm*", u, job))
+    if not out:
+        out = glob.glob(os.path.join(root, "system.slice", "slurmstepd.scope", job)) or \
+            glob.glob(os.path.join(root, "**", "slurmstepd.scope", job), recursive=True)
+    return sorted(d for d in out if os.path.isdir(d) and not os.path.islink(d))
+
+
+#: v1 controllers whose files account for CPU, memory or I/O
+_ACCOUNTING = ("cpu", "cpuacct", "memory", "blkio")
+
+
+def _accounting(d: str, root: str) -> bool:
+    rel = os.path.relpath(d, root).split(os.sep)
+    if rel[0].startswith(("system.slice", "unified")) or os.path.exists(
+            os.path.join(d, "cpu.stat")):
+        return True        # v2: one hierarchy with every controller
+    return any(c in _ACCOUNTING for c in rel[0].split(","))
+
+
+def cgroup_members(d: str, limit: int = 4096) -> list[int]:
+    """PIDs in a cgroup and its children (v1 lists a task only in its own cgroup)."""
+    out: list[int] = []
+    for base, dirs, files in os.walk(d, followlinks=False):
+        try:
+            with open(os.path.join(base, "cgroup.procs"), "rb") as f:
+                out += [int(x) for x in f.read().split()]
+        except (OSError, ValueError):
+            pass
+        if len(out) >= limit:
+            break
+    return sorted(set(out))[:limit]
+
+
+def slurmstepd_pids(job_id: str, proc: str = "/proc") -> list[int]:
+    """PIDs of the job's ``slurmstepd: [<id>.<step>]`` processes."""
+    want = f"slurmstepd: [{job_id}.".encode()
+    out = []
+    for d in os.listdir(proc):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{d}/cmdline", "rb") as f:
+                if f.read(256).startswith(want):
+                    out.append(int(d))
+        except OSError:
+            pass
+    return sorted(out)
+
+
+class JobScopeProbe(Probe):
+    """The job's own accounting (see the module docstring); ``mode`` says which source is used
+    now (``cgroup``, ``process-tree`` or ``none`` before the first step)."""
+
+    name = "jobscope"
+
+    def __init__(self, run: RunInfo, cgroup_root: str = "/sys/fs/cgroup", proc: str = "/proc",
+                 rescan_every: int = 10):
+        super().__init__()
+        self.job_id = str(run.job_id)
+        self.uid = run.uid
+        self.cgroup_root = cgroup_root
+        self.proc = proc
+        self.rescan_every = rescan_every
+        self.mode = "none"
+        self.seen: list[str] = []     # sources used over the run, in order (meta.json note)
+        self._n = 0
+        self._inner: CgroupProbe | None = None
+        self._tree: _ProcessTree | None = None
+        self._map: list[tuple[int, int]] = []     # (inner index, fixed index)
+        self._last: list[float] | None = None
+        self._acc = [0.0] * len(CHANNELS)
+
+    def open(self) -> None:
+        if not self.job_id or not self.job_id.replace("_", "").isdigit():
+            self._unavailable(f"job id {self.job_id!r}: not a Slurm job id")
+            return
+        self._ready(list(CHANNELS))
+        self._resolve()
+
+    def _resolve(self) -> None:
+        found = job_cgroups(self.job_id, self.uid, self.cgroup_root)
+        dirs = [d for d in found if _accounting(d, self.cgroup_root)]
+        if dirs:
+            if self.mode != "cgroup":
+                self._drop()
+                inner = CgroupProbe(cgroup=dirs[0], cgroup_root=self.cgroup_root,
+                                    proc=self.proc)
+                inner.open()
+                if inner.available:
+                    self._inner, self.mode = inner, "cgroup"
+                    self._map = self._mapping([c.name for c in inner.channels])
+                    self._saw(f"cgroup {dirs[0]}")
+            return
+        members = [cgroup_members(d) for d in found]
+        roots = sorted({p for m in members for p in m}) if found else []
+        how = f"processes of {found[0]}" if roots else "process-tree of slurmstepd"
+        roots = roots or slurmstepd_pids(self.job_id, self.proc)
+        if roots:
+            if self._tree is None:
+                self._drop()
+                self._tree = _ProcessTree(roots, self.proc)
+                self.mode = "process-tree"
+                self._saw(how)
+                from .cgroup import TREE_CHANNELS
+                self._map = self._mapping([c.name for c in TREE_CHANNELS])
+            else:
+                self._tree.roots = roots     # new steps join, finished ones leave
+        elif self.mode == "process-tree":
+            self._drop()
+
+    def _saw(self, what: str) -> None:
+        if what not in self.seen:
+            self.seen.append(what)
+
+    @staticmethod
+    def _mapping(names: Sequence[str]) -> list[tuple[int, int]]:
+        out = []
+        for i, n in enumerate(names):
+            for target in _TREE_MAP.get(n, (n,)):
+                if target in _NAMES:
+                    out.append((i, _NAMES.index(target)))
+        return out
+
+    def _drop(self) -> None:
+        if self._inner is not None:
+            self._inner.close()
+        if self._tree is not None:
+            self._tree.close()
+        self._inner = self._tree = None
+        self.mode = "none"
+        self._last = None          # the next source starts a new baseline for the deltas
+
+    def sample(self) -> list[float]:
+        if self._n % self.rescan_every == 0:
+            self._resolve()
+        self._n += 1
+        vals = [NAN] * len(CHANNELS)
+        raw: list[float] = []
+        if self._inner is not None:
+            raw = list(self._inner.sample())
+        elif self._tree is not None:
+            raw = self._tree.read()
+        for i, j in self._map:
+            vals[j] = raw[i]
+        if self.mode == "none":
+            vals[_NAMES.index("system.run.nprocs")] = 0.0
+        # counters: the sum of positive changes (a finished step's processes vanish)
+        last = self._last
+        mapped = {j for _, j in self._map}
+        for j, is_c in enumerate(_COUNTER):
+            if not is_c or j not in mapped:   # a channel this source does not have stays NaN
+                continue
+            v = vals[j]
+            if v != v:          # NaN: no source for this channel now
+                vals[j] = self._acc[j] if last is not None else NAN
+                continue
+            if last is not None and last[j] == last[j]:
+                self._acc[j] += max(0.0, v - last[j])
+            vals[j] = self._acc[j]
+        self._last = self._current(raw) if self.mode != "none" else None
+        return vals
+
+    def _current(self, raw: list[float]) -> list[float]:
+        cur = [NAN] * len(CHANNELS)
+        for i, j in self._map:
+            cur[j] = raw[i]
+        return cur
+
+    def close(self) -> None:
+        self._drop()
+
+    def describe(self) -> dict:
+        d = super().describe()
+        if self.available:
+            d["note"] = f"job {self.job_id}: " + (", then ".join(self.seen) or
+                                                    "no processes found yet")
+        return d
