@@ -58,6 +58,23 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     return report
 
 
+def report_for(target: str, reanalyze: bool = False) -> dict[str, Any]:
+    """The finished report of a run directory (its report.json, else analysed now, without
+    publishing: looking at a report must not publish it) or of a report file.  The renderers
+    only ever receive what this returns."""
+    from .report import load
+    if os.path.isfile(target):
+        return load.read_report(target)
+    path = os.path.join(target, store.REPORT)
+    if os.path.isfile(path) and not reanalyze:
+        return load.read_report(path)
+    try:
+        rep = analyze_and_publish(target, publish=False)
+    except AnalysisUnavailable as e:
+        return load.minimal_report(target, str(e))
+    return load.check_report(rep, f"{target} (analysis result)")
+
+
 def _json_default(o: Any) -> Any:
     if hasattr(o, "tolist"):
         return o.tolist()

@@ -194,3 +194,36 @@ def test_disk_full_spool(cluster, slurm_users):
     finally:
         cluster.stop_agent(spool)
         _umount(spool)
+
+
+def test_broken_python_environment_never_drains(slurm_cluster):
+    """The installed wrappers with an interpreter that cannot start (a broken virtualenv):
+    Prolog and Epilog exit 0, the job completes, the node stays idle, slurmd's log says why."""
+    from reveal_plugins.slurm.install import script
+    hooks = os.path.join(slurm_cluster.base, "hooks")
+    saved = {h: open(os.path.join(hooks, h)).read() for h in ("prolog", "epilog")}
+    broken = os.path.join(slurm_cluster.base, "broken-venv-python")
+    with open(broken, "w") as f:
+        f.write("#!/bin/sh\necho 'Fatal Python error: init_fs_encoding' >&2\nexit 1\n")
+    os.chmod(broken, 0o755)
+    try:
+        for h in saved:
+            with open(os.path.join(hooks, h), "w") as f:
+                f.write(script(h, {"REVEAL_SLURM_LOG": slurm_cluster.hook_log},
+                               python=broken))
+        with slurm_cluster.hook_mode("scripts"):
+            t0 = time.monotonic()
+            job = slurm_cluster.run_batch(JOB)
+            assert job.state == "COMPLETED", job.info
+            assert time.monotonic() - t0 < 30
+            state = slurm_cluster.node_state()
+            if state != "idle":
+                slurm_cluster.resume_node()
+                pytest.fail(f"node drained by a broken Python: {state}")
+        log = open(slurm_cluster.hook_log).read()
+        assert f"reveal-slurm prolog: job={job.job_id} the hook exited 1" in log, log[-2000:]
+        assert f"reveal-slurm epilog: job={job.job_id} the hook exited 1" in log, log[-2000:]
+    finally:
+        for h, text in saved.items():
+            with open(os.path.join(hooks, h), "w") as f:
+                f.write(text)

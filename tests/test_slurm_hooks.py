@@ -247,3 +247,36 @@ def test_prolog_environment_to_run_identity():
     assert run_info(env, SlurmConfig())["gpus"] is None
     with pytest.raises(ValueError, match="SLURMD_NODENAME"):
         run_info(dict(env, SLURMD_NODENAME="../x"), SlurmConfig())
+
+
+@pytest.mark.parametrize("python", ["missing", "failing", "hanging"])
+def test_wrapper_exits_0_whatever_python_does(tmp_path, python):
+    """A broken interpreter (gone, crashing on import, hanging) must not drain the node: the
+    wrapper slurm.conf runs exits 0 and says why on stderr (slurmd's log)."""
+    from reveal_plugins.slurm import install
+    fake = tmp_path / "python3"
+    if python == "failing":
+        fake.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named tomllib' >&2\n"
+                        "exit 1\n")
+        fake.chmod(0o755)
+    elif python == "hanging":
+        fake.write_text("#!/bin/sh\nsleep 60\n")
+        fake.chmod(0o755)
+    old = install.WRAPPER_TIMEOUT_S
+    install.WRAPPER_TIMEOUT_S = 2
+    try:
+        text = install.script("prolog", {"REVEAL_SLURM_LOG": str(tmp_path / "h.log")},
+                              python=str(fake))
+    finally:
+        install.WRAPPER_TIMEOUT_S = old
+    w = tmp_path / "prolog"
+    w.write_text(text)
+    w.chmod(0o755)
+    t0 = time.monotonic()
+    r = subprocess.run([str(w)], capture_output=True, text=True, timeout=30,
+                       env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "9"})
+    assert r.returncode == 0, r.stderr
+    assert time.monotonic() - t0 < 6
+    assert "reveal-slurm prolog: job=9 the hook exited" in r.stderr
+    if python == "hanging":
+        assert "exited 124" in r.stderr

@@ -140,6 +140,7 @@ def test_worker_crash_once_is_restarted_and_recorded(tmp_path):
                 "1", TRAIN, "--steps", "40", "--crash-once-at", "10", "--log-every", "0",
                 "--instrument"], cwd=tmp_path)
     assert r.returncode == 0, explain(r)
+    assert (run / "events.jsonl").exists(), explain(r)
     ev = events(run)
     assert meta(run)["exit_code"] == 0
     failed = [e for e in ev if e["event"] == "elastic" and e.get("state") == "FAILED"]

@@ -298,6 +298,7 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
     live, worst = live_replay(run_dir)
     base = {"name": sc["name"], "clean": not sc["inject"], "duration_s": dur,
             "injections": labels["injections"], "victim": sc.get("victim"),
+            "t_start": rep["run"]["start"],
             "split": sc.get("split", "test")}
     ours = dict(base, events=[{"start": a["start"], "end": a["end"],
                                "subsystem": a["subsystem"]} for a in rep["anomalies"]],
@@ -330,13 +331,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", help="comma-separated scenario names")
     ap.add_argument("--split", choices=("dev", "test", "all"), default="all",
                     help="record/score only this split (tune on dev, report test)")
+    ap.add_argument("--extra-clean", type=int, default=0, metavar="N",
+                    help="record only N more clean test-split runs (victim shapes in turn) "
+                         "into --out, for more clean hours")
     ap.add_argument("--seed", type=int, default=None,
                     help="seed of the split assignment and scenario draw (printed)")
     args = ap.parse_args(argv)
     if args.rescore:
         out = args.rescore
         names = sorted(d for d in os.listdir(out)
-                       if os.path.exists(os.path.join(out, d, "labels.json")))
+                       if os.path.exists(os.path.join(out, d, "labels.json"))
+                       and (args.split == "all" or d.startswith(args.split + "-")))
     else:
         if not shutil.which("stress-ng"):
             print("stress-ng not found (apt-get install stress-ng)", file=sys.stderr)
@@ -347,9 +352,19 @@ def main(argv: list[str] | None = None) -> int:
         seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(2), "big")
         print(f"scenario seed {seed}", flush=True)
         scs = scenarios(args.smoke, args.seconds, net, seed)
+        if args.extra_clean:
+            import random
+            rng = random.Random(seed)
+            shapes = [v for v in VICTIMS if v != "ddp" or net]
+            scs = [{"name": f"test-xclean{seed}-{i:02d}-{shapes[i % len(shapes)]}",
+                    "model": rng.choice(["mlp", "cnn", "rnn"]), "victim": shapes[i % len(shapes)],
+                    "seconds": args.seconds, "split": "test",
+                    "net": shapes[i % len(shapes)] == "ddp", "inject": []}
+                   for i in range(args.extra_clean)]
         if args.split != "all":
             scs = [s for s in scs if s["split"] == args.split]
-        with open(os.path.join(out, "scenarios.json"), "w") as f:
+        with open(os.path.join(out, f"scenarios-{seed}.json" if args.extra_clean
+                               else "scenarios.json"), "w") as f:
             json.dump({"seed": seed, "scenarios": scs}, f, indent=1)
         if args.only:
             want = set(args.only.split(","))

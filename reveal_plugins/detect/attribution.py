@@ -29,7 +29,8 @@ DISCOUNT = {"cpu": CPU_CARRIER, "system": 0.6}
 #: the channel's prepared unit, or -r for "down to at most (1-r) of the reference").
 SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^(cpu|memory|storage)\.psi\..*_total$", +1, 100_000.0),    # +10 % of the time stalled
-    (r"^(cpu|memory|storage)\.psi\..*_avg", +1, 10.0),
+    # (not the avg10/60/300 gauges: exponential averages of the same stall time that lag
+    # it by tens of seconds, so an episode would seem to last long after it ended)
     (r"^cpu\.procs_running$", +1, 1.5), (r"^system\.nr_running$", +1, 1.5),
     (r"^cpu\.all\.steal_pct$", +1, 5.0), (r"^cpu\.all\.iowait_pct$", +1, 5.0),
     (r"^cpu\..*freq", -1, -0.1),

@@ -22,6 +22,30 @@ SCHEMA = "reveal.baseline/1"
 REL_FLOOR = 0.05
 
 
+#: Memory "level" gauges that drift between runs with the page cache, not with the job.
+_SKIP = ("memory.Cached", "memory.Buffers", "memory.MemFree", "memory.Inactive",
+         "memory.Active", "memory.Dirty", "memory.Writeback", "memory.Mapped",
+         "memory.Slab", "memory.SReclaimable", "memory.SUnreclaim", "memory.KReclaimable",
+         "memory.Shmem", "memory.PageTables", "memory.KernelStack", "memory.Unevictable",
+         "memory.Mlocked", "memory.Vmalloc", "memory.Percpu", "memory.MemTotal",
+         "memory.Hugepages", "memory.HugePages", "memory.DirectMap", "memory.CmaFree")
+
+
+def columns(names: Sequence[str], baseline: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Columns of ``names`` the baseline covers, with its centre and scale for each (the
+    analysis scores every window against them: the baseline evidence family)."""
+    bch = {c["name"]: c for c in baseline.get("channels", [])}
+    cols, cen, sca = [], [], []
+    for i, n in enumerate(names):
+        c = bch.get(n)
+        if c is None or n.startswith(_SKIP):
+            continue
+        cols.append(i)
+        cen.append(float(c["center"]))
+        sca.append(float(c["scale"]))
+    return np.array(cols, np.intp), np.array(cen), np.array(sca)
+
+
 class BaselineError(ValueError):
     """A baseline file cannot be used; the message names the file and the key."""
 
@@ -30,11 +54,12 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                  name: str | None = None) -> dict[str, Any]:
     from ..telemetry import store
     from ..types import ChannelMeta
-    from .pipeline import _boundaries, _config, _suppressed
+    from .boundaries import boundaries, suppressed
+    from .config import FOREIGN_KEYS, detect_config
     from .prepare import load_prepared
     from .windows import windows_pieces as sliding_windows
 
-    cfg = _config(config)
+    cfg = detect_config(config, ignore=FOREIGN_KEYS).as_dict()
     if not run_dirs:
         raise BaselineError("no run directory given")
     per_run: list[dict[str, np.ndarray]] = []
@@ -49,8 +74,8 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                                 "healthy runs with telemetry")
         win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
                               stats=("mean",))
-        starts, ends = _boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
-        rows = win.valid & ~_suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
+        starts, ends = boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
+        rows = win.valid & ~suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
                                         cfg["cooldown_s"])
         if rows.sum() < 5:
             raise BaselineError(f"{d}: only {int(rows.sum())} usable window(s) "

@@ -122,6 +122,16 @@ def foreign_load(anomaly: dict, context: Ctx) -> list[dict]:
         what, unit = _FOREIGN_WHAT.get(f["channel"], ("moved {v}", ""))
         parts.append(what.format(v=_amount(f["observed"] - f["baseline"], unit)) +
                      f" more than usual ({_amount(f['baseline'], unit)} before)")
+    ch = context.get("channels") or {}
+    sys_c, usr_c = (ch.get("cpu.foreign.system_cores") or {}), (ch.get("cpu.foreign.user_cores")
+                                                              or {})
+    if sys_c.get("observed") is not None and usr_c.get("observed") is not None:
+        d_sys = sys_c["observed"] - (sys_c.get("baseline") or 0.0)
+        d_usr = usr_c["observed"] - (usr_c.get("baseline") or 0.0)
+        if d_sys > 0.2 and d_sys > d_usr:   # the neighbour lives in the kernel
+            parts.append(f"mostly in the kernel ({d_sys:.2f} cores of system time: a process "
+                         "making system calls at a high rate -- file create/stat/unlink "
+                         "storms, small I/O, network or page-fault churn)")
     others = fo.get("other_runs") or []
     if others:
         names = ", ".join(f"job {o['job_id']}" if o.get("job_id") else f"run {o['run_id']}"

@@ -9,13 +9,18 @@ from ..hooks.hookspec import hookimpl
 @hookimpl
 def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | None:
     """Analyse ``run_dir``; ``config["baseline"]`` (path or dict) enables baseline comparison,
-    other keys are detection settings (see ``pipeline.DEFAULTS``)."""
+    other keys are detection settings (see ``config.DetectConfig``)."""
     from . import analyze
 
     cfg = dict(config or {})
     baseline = cfg.pop("baseline", None)
-    det_cfg = cfg.get("detect", cfg)
-    return analyze(run_dir, det_cfg if isinstance(det_cfg, dict) else {}, baseline)
+    if "detect" in cfg:      # the [detect] table: every key must be a detection setting
+        det_cfg = cfg["detect"] if isinstance(cfg["detect"], dict) else {}
+    else:                    # a run-wide dict: the other rooms' keys are theirs
+        from .config import DetectConfig
+        det_cfg = {k: v for k, v in cfg.items()
+                   if k in DetectConfig.model_fields or k in ("robust_z", "pca", "iforest")}
+    return analyze(run_dir, det_cfg, baseline)
 
 
 @hookimpl

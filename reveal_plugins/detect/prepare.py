@@ -310,7 +310,13 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
                                 "(the writer stopped before renaming it)")
     names = [m.name for m in metas]
     dnames = names
-    prev_t: float | None = None
+    # The last rows of the previous segment (raw): channels read less often than every tick
+    # (1-Hz diskstats, meminfo, vmstat, snmp ...) hold NaN between reads and are interpolated
+    # across the segment boundary from their reads on both sides (as store.load_run does);
+    # without it their counters' rates would be NaN everywhere.
+    slow = any(m.sample_every_s and m.sample_every_s > (interval_s or 0.1) * 1.5 for m in metas)
+    carry_n = 0
+    prev_t: np.ndarray | None = None
     prev_row: np.ndarray | None = None
     ts: list[np.ndarray] = []
     blocks: list[np.ndarray] = []
@@ -339,18 +345,26 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
         if iv is None and len(t) > 1:
             iv = median_interval(t)
         if prev_row is not None:
-            tt = np.concatenate([[prev_t], t])
-            rr = np.vstack([prev_row[None, :], raw])
+            tt = np.concatenate([prev_t, t])
+            rr = np.vstack([prev_row, raw])
         else:
             tt, rr = t, raw
-        X, _, units, n2, g = to_rates(tt, rr, metas, iv or 1.0)
+        if slow:
+            filled = rr.copy()
+            store.fill_slow_channels(tt, filled, list(metas), iv or 0.1, tail=False)
+        else:
+            filled = rr
+        X, _, units, n2, g = to_rates(tt, filled, metas, iv or 1.0)
         notes += [x for x in n2 if "went backwards" in x]
-        gaps += g
+        gaps += [x for x in g if prev_t is None or x[0] >= prev_t[-1]]
         if prev_row is not None:
-            X = X[1:]
+            X = X[len(prev_row):]
         ts.append(t)
         blocks.append(X)
-        prev_t, prev_row = float(t[-1]), raw[-1].copy()
+        # carry enough raw rows that every slow channel has a read before the boundary
+        carry_n = max(1, int(np.ceil(2.5 * max((m.sample_every_s or 0) for m in metas)
+                                     / (iv or 0.1)))) if slow else 1
+        prev_t, prev_row = tt[-carry_n:].copy(), rr[-carry_n:].copy()
     if ts:
         t = np.concatenate(ts)
         # One allocation for rates + derived metrics (their inputs are known from the names).

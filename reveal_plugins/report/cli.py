@@ -13,6 +13,7 @@ import os
 import sys
 
 from ..telemetry.store import StoreError
+from ..analysis import report_for
 from . import load
 from .progress import Progress
 
@@ -61,7 +62,7 @@ def collect(target: str, spool: str | None = None, reanalyze: bool = False,
         has = os.path.isfile(os.path.join(d, "report.json"))
         if reanalyze or not has:
             progress.update(f"analysing {d}", i, len(dirs))
-        rep = load.get_report(d, reanalyze=reanalyze)
+        rep = report_for(d, reanalyze=reanalyze)
         out.append((rep, d if os.path.isfile(os.path.join(d, "meta.json")) else None))
     progress.done()
     return out, job_id

@@ -113,29 +113,6 @@ def minimal_report(run_dir: str, reason: str) -> dict:
     }
 
 
-def analyze(run_dir: str) -> dict:
-    """Analyse ``run_dir`` now (``reveal_analyze`` hook) and write its ``report.json``.
-
-    Sinks are not called: looking at a report must not publish it; ``reveal analyze`` does.
-    """
-    from ..analysis import AnalysisUnavailable, analyze_and_publish
-    try:
-        rep = analyze_and_publish(run_dir, publish=False)
-    except AnalysisUnavailable as e:
-        return minimal_report(run_dir, str(e))
-    return check_report(rep, f"{run_dir} (analysis result)")
-
-
-def get_report(target: str, reanalyze: bool = False) -> dict:
-    """The report of a run directory (its report.json, else analysed now) or of a report file."""
-    if os.path.isfile(target):
-        return read_report(target)
-    path = os.path.join(target, store.REPORT)
-    if os.path.isfile(path) and not reanalyze:
-        return read_report(path)
-    return analyze(target)
-
-
 @dataclass
 class RunView:
     """What the renderers read from a run directory: metadata, a frame of the channels they

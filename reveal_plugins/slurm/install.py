@@ -28,10 +28,28 @@ def hook_command(hook: str, python: str | None = None) -> str:
     return f"{shlex.quote(python or sys.executable)} -S -E -c {shlex.quote(code)} {hook}"
 
 
+#: Backstop for a hung interpreter (the hooks keep their own, much smaller budgets).
+WRAPPER_TIMEOUT_S = 20
+
+
 def script(hook: str, env: dict[str, str], python: str | None = None) -> str:
+    """The wrapper slurm.conf points at.  It exits 0 whatever Python does (a broken
+    virtualenv, a missing module, a crash, a hang): a failing Prolog/Epilog drains the node,
+    and telemetry must never cost a node.  The failure goes to slurmd's log (stderr) and to
+    syslog."""
     lines = ["#!/bin/sh", f"# Reveal Slurm {hook} (written by: reveal slurm install-hooks)"]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
-    lines.append(f"exec {hook_command(hook, python)}")
+    lines.append(f"timeout -k 2 {WRAPPER_TIMEOUT_S} {hook_command(hook, python)}")
+    lines.append("rc=$?")
+    lines.append('if [ "$rc" -ne 0 ]; then')
+    lines.append(f'  msg="reveal-slurm {hook}: job=$SLURM_JOB_ID the hook exited $rc '
+                 '(124 = timed out; broken Python environment?); the job goes on"')
+    lines.append('  echo "$msg" >&2')
+    lines.append('  [ -n "$REVEAL_SLURM_LOG" ] && echo "$(date -u +%FT%TZ) $msg" '
+                 '>> "$REVEAL_SLURM_LOG" 2>/dev/null')
+    lines.append('  command -v logger >/dev/null 2>&1 && logger -t reveal-slurm "$msg"')
+    lines.append("fi")
+    lines.append("exit 0")
     return "\n".join(lines) + "\n"
 
 

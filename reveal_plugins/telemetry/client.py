@@ -111,8 +111,11 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
     except OSError:
         logf = subprocess.DEVNULL
     try:
+        # An explicit snapshot of the environment: callers (reveal-torchrun) set variables
+        # for their workers in another thread while this starts, and exec'ing with the live
+        # C environ while it is being rewritten fails with EFAULT.
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, close_fds=True)
+                                start_new_session=True, close_fds=True, env=dict(os.environ))
     finally:
         if logf is not subprocess.DEVNULL:
             logf.close()

@@ -270,8 +270,8 @@ def segment_paths(run_dir: str) -> list[str]:
     return [os.path.join(d, n) for n in names]
 
 
-def _fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMeta],
-                        interval_s: float) -> None:
+def fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMeta],
+                        interval_s: float, tail: bool = True) -> None:
     """Channels read less often than every tick (``sample_every_s``) hold NaN between reads:
     interpolate linearly in time between reads no further apart than twice their period, and
     carry the last read forward over the tail, so that analysis sees a smooth series (a
@@ -293,8 +293,8 @@ def _fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMe
         prev_t = tk[np.clip(pos - 1, 0, len(tk) - 1)]
         next_t = tk[np.clip(pos, 0, len(tk) - 1)]
         interior = (pos > 0) & (pos < len(tk)) & (next_t - prev_t <= 2.5 * every)
-        tail = (pos == len(tk)) & (t - tk[-1] <= 1.5 * every)
-        col[~ok & (interior | tail)] = filled[~ok & (interior | tail)]
+        after = (pos == len(tk)) & (t - tk[-1] <= 1.5 * every) if tail else False
+        col[~ok & (interior | after)] = filled[~ok & (interior | after)]
 
 
 def load_run(run_dir: str, channels: Iterable[str] | None = None) -> RunData:
@@ -338,6 +338,6 @@ def load_run(run_dir: str, channels: Iterable[str] | None = None) -> RunData:
         t, values = t[order], values[order]
     else:
         t, values = np.zeros(0), np.zeros((0, len(names)))
-    _fill_slow_channels(t, values, chans, float(meta.get("interval_s") or 0.1))
+    fill_slow_channels(t, values, chans, float(meta.get("interval_s") or 0.1))
     events = read_events(run_dir, warnings)
     return RunData(run_dir, meta, Frame(t, values, chans), events, warnings, nseg, nbytes)

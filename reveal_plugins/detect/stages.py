@@ -1,0 +1,373 @@
+"""The stages of the batch analysis, each a small unit with a typed result.
+
+    prepared run ─▶ window_stage ─▶ model_stage ─┐
+                          │      baseline_stage ─┼─▶ event_stage ─▶ judge (per event)
+                          └────── foreign load ──┘                  evidence families,
+                                                                     attribution, hints
+
+:func:`reveal_plugins.detect.pipeline.detect` strings them together; every stage reads the
+validated settings dict (``config.DetectConfig.as_dict()``) and appends what a reader of the
+report should know to ``notes``.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from . import attribution as attr
+from . import foreign as fl
+from .boundaries import at_edge, boundaries, steady_before, step_of, suppressed
+from .detectors import builtin_detectors, fuse, normalize
+from .events import group, hysteresis, span
+from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
+from .hinting import hints_for
+from .prepare import PER_CORE, Prepared, informative
+from .prune import prune
+from .windows import STATS, windows_pieces as sliding_windows
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WindowStage:
+    """Window means of every channel and which windows may be flagged or fitted on."""
+
+    win: object                  # windows.Windows (means only)
+    means: np.ndarray            # (m, c)
+    valid: np.ndarray            # complete windows
+    supp: np.ndarray             # start-up / teardown grace
+    fitrows: np.ndarray          # what the detectors may learn from
+    starts: list[float]
+    ends: list[float]
+    floors: np.ndarray
+    rels: np.ndarray
+    modelled: np.ndarray         # channels worth modelling (per-core ones never)
+    per_core: np.ndarray
+
+    @property
+    def flaggable(self) -> np.ndarray:
+        return self.valid & ~self.supp
+
+
+def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: list[str],
+                 analysis: dict) -> WindowStage | None:
+    """3-s windows every 1 s; None (with a note) when the run is too short or too gappy."""
+    keep, reasons = informative(P.X)
+    analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
+    per_core = np.array([bool(PER_CORE.match(n)) for n in P.names], bool)
+    keep &= ~per_core      # modelled through cpu.cores.* aggregates (see prepare._derive)
+    win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+                          stats=("mean",))
+    analysis["windows"] = len(win)
+    if len(win) < 2 * cfg["min_windows"] + 2:
+        notes.append(f"run too short for {cfg['window_s']:g} s windows every "
+                     f"{cfg['stride_s']:g} s ({P.t[-1] - P.t[0]:.1f} s of samples): "
+                     "nothing to analyse")
+        return None
+    starts, ends = boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
+    supp = suppressed(win.start, win.end, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
+    valid = win.valid.copy()
+    fitrows = valid & ~supp
+    if fitrows.sum() < 10:
+        fitrows = valid.copy()
+    if fitrows.sum() < 4:
+        notes.append("too few complete windows (gaps or missing samples): nothing to analyse")
+        return None
+    return WindowStage(win, win.stats["mean"], valid, supp, fitrows, starts, ends,
+                       channel_floors(P.names, P.units), rel_floors(P.units), keep, per_core)
+
+
+@dataclass
+class ModelStage:
+    """The fused score of the unsupervised detectors and the windows it flags."""
+
+    fused: np.ndarray
+    flag: np.ndarray
+
+
+def _detectors(cfg: dict) -> list:
+    try:
+        from ..hooks.manager import call_safely
+
+        dets = [d for lst in call_safely("reveal_detectors", config=cfg) for d in (lst or [])]
+    except Exception as e:  # plugin manager unusable: keep the built-ins
+        log.warning("detector plugins unavailable (%s); using built-ins", e)
+        dets = []
+    return dets or builtin_detectors(cfg)
+
+
+def model_stage(P: Prepared, W: WindowStage, cfg: dict, notes: list[str], analysis: dict
+                ) -> ModelStage:
+    """Features of the modelled channels (pruned, robust-scaled) -> detectors -> fused score."""
+    m = len(W.means)
+    det_cols = np.nonzero(W.modelled)[0]
+    if len(det_cols) == 0:
+        notes.append("every channel is constant, empty or all-zero: nothing varies, so "
+                     "there is nothing to detect within the run")
+        return ModelStage(np.zeros(m), np.zeros(m, bool))
+    Md = W.means[W.fitrows][:, det_cols].astype(np.float64)
+    c0, s0 = attr.reference(Md, np.ones(len(Md), bool), W.floors[det_cols], W.rels[det_cols])
+    with np.errstate(invalid="ignore"):
+        reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
+    # representatives: symptom channels first, then the channel that moves most
+    sym = attr.symptom_mask([P.names[i] for i in det_cols])[0]
+    prio = np.log1p(np.minimum(reach, 1e6)) + 100.0 * sym
+    kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"], prio)
+    mcols = det_cols[kept]
+    wfull = sliding_windows(P.t, P.X[:, mcols], cfg["window_s"], cfg["stride_s"], P.interval_s)
+    F = feature_matrix(wfull)
+    del wfull
+    wide = np.array([s != "mean" for s in STATS] * len(mcols))
+    ffl = feature_floors(W.floors[mcols], W.win.window_s)
+    frel = np.repeat(W.rels[mcols], len(STATS))
+    scaler = fit_scaler(F, ffl, W.fitrows, frel, wide)
+    Z = scaler.transform(F)
+    # Fit on the core of the run: the windows nearest the centre (by feature norm).  An
+    # anomaly covering a good part of the run would otherwise be learnt as normal (a
+    # principal component, a dense region for the forest).  The scaler is refitted on the
+    # core too, so a long anomaly does not inflate the spreads it is measured in.
+    core = W.fitrows
+    for _ in range(2):
+        norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
+        core = W.fitrows & (norm <= np.quantile(norm[W.fitrows], cfg["core_quantile"]))
+        if core.sum() < 10:
+            core = W.fitrows
+            break
+        scaler = fit_scaler(F, ffl, core, frel, wide)
+        Z = scaler.transform(F)
+    del F
+    normed, names = [], []
+    for d in _detectors(cfg):
+        try:
+            d.fit(Z[core])
+            s = np.asarray(d.score_samples(Z), dtype=np.float64)
+            normed.append(normalize(s, s[core], float(getattr(d, "score_floor", 1e-6))))
+            names.append(getattr(d, "name", type(d).__name__))
+        except Exception as e:  # one broken detector must not cost the analysis
+            notes.append(f"detector {getattr(d, 'name', d)!r} failed: {type(e).__name__}: {e}")
+    fused = fuse(normed) if normed else np.zeros(m)
+    flag = hysteresis(fused, W.flaggable, cfg["threshold"], cfg["threshold"] * cfg["low_fraction"])
+    analysis.update({"detectors": names, "channels_analysed": int(len(det_cols)),
+                     "channels_modelled": int(len(mcols)), "pruned": len(rep)})
+    return ModelStage(fused, flag)
+
+
+@dataclass
+class BaselineStage:
+    """Every window scored against a cross-run baseline (the baseline evidence family)."""
+
+    cols: np.ndarray = field(default_factory=lambda: np.zeros(0, np.intp))
+    center: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    scale: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    score: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    flag: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
+
+
+def baseline_stage(P: Prepared, W: WindowStage, baseline: dict | None, cfg: dict,
+                   notes: list[str], analysis: dict) -> BaselineStage:
+    m = len(W.means)
+    B = BaselineStage(score=np.zeros(m), flag=np.zeros(m, bool))
+    if baseline is None:
+        return B
+    from .baseline import columns
+
+    B.cols, B.center, B.scale = columns(P.names, baseline)
+    analysis["baseline"] = {"runs": len(baseline.get("runs", [])), "channels": int(len(B.cols))}
+    if len(B.cols) == 0:
+        notes.append("the baseline shares no channel with this run; ignored")
+        return B
+    Zb = np.abs((W.means[:, B.cols] - B.center) / B.scale)
+    Zb = np.where(np.isfinite(Zb), Zb, 0.0)
+    k = min(2, Zb.shape[1])
+    B.score = np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+    B.flag = W.flaggable & (B.score >= cfg["baseline_threshold"])
+    return B
+
+
+@dataclass
+class EventStage:
+    """Flagged windows grouped into events, and the run's normal reference for them."""
+
+    flag: np.ndarray
+    groups: list[tuple[int, int]]
+    spans: list[tuple[float, float]]
+    center: np.ndarray
+    scale: np.ndarray
+    foreign: fl.Foreign
+
+
+def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cfg: dict,
+                analysis: dict) -> EventStage:
+    """Union of the detectors', the baseline's and the foreign-load flags -> events; the
+    reference (level, spread, foreign bars) from the valid windows away from any flag."""
+    win = W.win
+    fam = fl.family(W.means, P.names, W.fitrows, win.start, cfg["foreign_z"])
+    flag = M.flag | B.flag | (fam.flag & W.flaggable)
+    groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
+    w = max(1, int(round(win.window_s / win.stride_s)))
+    near = np.convolve(flag.astype(int), np.ones(2 * w + 1, int), mode="same") > 0
+    normal = W.valid & ~near & ~W.supp
+    if normal.sum() < 5:
+        normal = W.valid & ~flag
+    center, scale = attr.reference(W.means, normal, W.floors, W.rels)
+    fam = fl.family(W.means, P.names, normal, win.start, cfg["foreign_z"])
+    if len(fam.names):
+        analysis["foreign"] = {n: {"normal": round(float(c), 4), "bar": round(float(b), 4)}
+                               for n, c, b in zip(fam.names, fam.center, fam.bar)}
+    analysis["flagged_windows"] = int(flag.sum())
+    spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
+    return EventStage(flag, groups, spans, center, scale, fam)
+
+
+@dataclass
+class Judgement:
+    """One event judged: an anomaly, an observation (activity without evidence), or weak."""
+
+    kind: str                    # "anomaly" | "observation" | "weak"
+    item: dict | None = None
+
+
+def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
+          E: EventStage, cfg: dict, meta: dict, events: list[dict]) -> Judgement:
+    """Evidence families -> attribution -> hints for event ``i`` of ``E``."""
+    (a, b), (s0, s1) = E.groups[i], E.spans[i]
+    rows = np.arange(a, b + 1)
+    rows = rows[E.flag[rows]]
+    with np.errstate(all="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        observed = np.nanmean(W.means[rows].astype(np.float64), axis=0)
+    c_ref, s_ref = E.center.copy(), E.scale.copy()
+    from_baseline = bool(B.flag[rows].sum() > M.flag[rows].sum())
+    if from_baseline:
+        c_ref[B.cols], s_ref[B.cols] = B.center, B.scale
+    dev = attr.deviations(observed, c_ref, s_ref)
+    dev[W.per_core] = 0.0   # per-core channels speak through their aggregates only
+    if from_baseline:  # only what the baseline covers is evidence against it
+        mask = np.zeros(len(dev), bool)
+        mask[B.cols] = True
+        dev = np.where(mask, dev, 0.0)
+    fsup = E.foreign.support(rows)
+    if np.max(np.abs(dev)) < cfg["min_deviation"] and not fsup:
+        return Judgement("weak")
+    hits = attr.symptom_hits(dev, observed, c_ref, attr.symptom_mask(P.names),
+                             cfg["min_deviation"])
+    symp = [int(j) for j in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
+    impact = attr.iteration_impact(events, s0, s1, E.spans)
+    bar = max(cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)) if impact else 0
+    slowed = bool(impact and impact["iteration_time_pct"] >= bar
+                  and impact.get("typical_step_pct", bar) >= bar)
+    sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
+    fsub = fl.subsystem(fsup)
+    if fsub:
+        sub = fsub      # the neighbour is the cause; what it did to the run (a slower
+        #                 all-reduce, CPU pressure) follows from it
+    ev = attr.evidence(dev, observed, c_ref, P.names, P.units, prefer=sub, hits=hits)
+    if fsup:
+        ev = foreign_evidence(fsup, dev, P.names, P.units) + [
+            e for e in ev if e["channel"] not in {f["channel"] for f in fsup}]
+    families = [f for f, on in (("symptoms", bool(symp)), ("foreign", bool(fsup)),
+                                ("impact", slowed), ("baseline", from_baseline)) if on]
+    why = None
+    if cfg["require_symptom"] and not families:
+        why = ("activity changed, but nothing outside the run's own behaviour explains it: "
+               "no pressure, stall, loss or throttling signal moved, no process outside the "
+               "run took CPU, memory or I/O, and the iterations did not slow down")
+    elif not from_baseline and at_edge(s0, s1, W.starts, W.ends, cfg) and not (
+            slowed and steady_before(events, s0, cfg)):
+        why = ("contiguous with the start-up or teardown of the run/step (imports, data "
+               "loading, rendezvous, exit): not a steady-state anomaly")
+    if why:
+        return Judgement("observation", {
+            "start": s0, "end": s1, "subsystem": sub,
+            "score": round(float(np.max(M.fused[rows])), 2), "evidence": ev[:5],
+            "why_not_anomaly": why})
+    score = float(np.max(B.score[rows] if from_baseline else M.fused[rows]))
+    if fsup and not M.flag[rows].any():
+        score = max(score, float(max(f["excess"] for f in fsup)) * cfg["threshold"])
+    an = {"id": "", "start": s0, "end": s1, "node": host_of(meta), "step_id": None,
+          "subsystem": sub, "score": round(score, 2), "evidence": ev, "hints": [],
+          "families": families,
+          "subsystem_scores": {k: round(v, 3) for k, v in sorted(
+              sub_scores.items(), key=lambda kv: -kv[1])},
+          "windows": int(len(rows))}
+    if from_baseline:
+        an["baseline"] = True
+    if symp:
+        an["symptoms"] = [P.names[j] for j in symp[:6]]
+    if impact:
+        an["impact"] = impact
+    if fsup:
+        an["foreign"] = foreign_section(fsup, events, s0, s1)
+    an["step_id"] = step_of(meta, events, s0)
+    chans = {P.names[j]: {"baseline": attr._num(c_ref[j]), "observed": attr._num(observed[j]),
+                          "deviation": round(float(dev[j]), 2), "unit": P.units[j]}
+             for j in range(len(P.names))}
+    an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": impact,
+                                 "facts": meta.get("facts") or {},
+                                 "foreign": an.get("foreign")})
+    return Judgement("anomaly", an)
+
+
+def invariant_anomalies(P: Prepared, W: WindowStage, E: EventStage, meta: dict,
+                        events: list[dict]) -> list[dict]:
+    """Conditions wrong however long they last (GPU PCIe link below max, persistent
+    throttling, XID/ECC): anomalies whatever the run's own normal looks like."""
+    out = []
+    for inv in attr.invariant_findings(P.t, P.X, P.names, P.units, P.interval_s):
+        obs_v = E.center.astype(np.float64).copy()
+        c_ref = E.center.copy()
+        dev = np.zeros(len(P.names))
+        for j, (base, val) in inv["channels"].items():
+            c_ref[j], obs_v[j] = base, val
+            dev[j] = (val - base) / max(float(W.floors[j]), 1e-9)
+        ev = attr.evidence(dev, obs_v, c_ref, P.names, P.units, min_dev=0.0,
+                           top=len(inv["channels"]))
+        an = {"id": "", "start": inv["start"], "end": inv["end"], "node": host_of(meta),
+              "step_id": step_of(meta, events, inv["start"]), "subsystem": "gpu",
+              "score": round(float(inv["score"]), 2), "evidence": ev, "hints": [],
+              "families": ["symptoms"], "invariant": inv["why"]}
+        chans = {P.names[j]: {"baseline": attr._num(c_ref[j]), "observed": attr._num(obs_v[j]),
+                              "deviation": round(float(dev[j]), 2), "unit": P.units[j]}
+                 for j in inv["channels"]}
+        an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": None,
+                                     "facts": meta.get("facts") or {}})
+        out.append(an)
+    return out
+
+
+def host_of(meta: dict) -> str | None:
+    return meta.get("host") or (meta.get("run") or {}).get("host")
+
+
+def foreign_evidence(fsup: list[dict], dev: np.ndarray, names: list[str], units: list[str]
+                     ) -> list[dict]:
+    """Evidence entries of the foreign channels above their bar (first in the list)."""
+    idx = {n: i for i, n in enumerate(names)}
+    out = []
+    for f in fsup:
+        i = idx[f["channel"]]
+        out.append({"channel": f["channel"], "deviation": round(float(
+            dev[i] if abs(dev[i]) > 0 else 4.0 * f["excess"]), 2),
+            "baseline": attr._num(f["baseline"]), "observed": attr._num(f["observed"]),
+            "unit": units[i], "family": "foreign", "bar": attr._num(f["bar"])})
+    return out
+
+
+def foreign_section(fsup: list[dict], events: list[dict], s0: float, s1: float) -> dict:
+    """What the node did outside the run, and which other registered runs shared the node
+    then (named by run/job id only: a user never sees another user's command line)."""
+    others: dict[str, dict] = {}
+    for e in events:
+        if e.get("event") not in ("neighbour_start", "neighbour_end") or "t" not in e:
+            continue
+        key = str(e.get("run_id"))
+        o = others.setdefault(key, {"run_id": key, "job_id": e.get("job_id"),
+                                    "start": None, "end": None})
+        o["start" if e["event"] == "neighbour_start" else "end"] = float(e["t"])
+    overlap = [o for o in others.values()
+               if (o["start"] is None or o["start"] <= s1) and (o["end"] is None or o["end"] >= s0)]
+    return {"support": fsup, "other_runs": overlap,
+            "source": "another registered run" if overlap else "processes in no registered run"}
