@@ -164,6 +164,7 @@ class JobScopeProbe(Probe):
                 self._map = self._mapping([c.name for c in TREE_CHANNELS])
             else:
                 self._tree.roots = roots     # new steps join, finished ones leave
+                self._saw(how)
         elif self.mode == "process-tree":
             self._drop()
 
