@@ -13,13 +13,18 @@ def _schema():
 
 @pytest.fixture
 def report_schema_validate():
-    """Validate a report dict against the shared report schema (raises on error)."""
+    """Validate a report dict against the repository's schema and, where the workspace has it,
+    the shared contract it extends (../shared/report.schema.json); raises on error."""
     import jsonschema
+    from conftest import SHARED_SCHEMA_PATH
 
-    schema = _schema()
+    schemas = [_schema()]
+    if SHARED_SCHEMA_PATH.exists():
+        schemas.append(json.loads(SHARED_SCHEMA_PATH.read_text()))
 
     def check(rep):
-        jsonschema.validate(rep, schema)
+        for schema in schemas:
+            jsonschema.validate(rep, schema)
         json.dumps(rep)  # plain JSON, no numpy types
         return rep
     return check
