@@ -29,6 +29,8 @@ forked workers share; their exit would otherwise look like foreign memory appear
 from __future__ import annotations
 
 import os
+import warnings
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -187,11 +189,9 @@ class Foreign:
         first: ``{"channel", "observed", "baseline", "bar", "excess"}`` in the channel's unit."""
         if not len(self.names) or not len(rows):
             return []
-        with np.errstate(invalid="ignore"):
-            import warnings
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore", RuntimeWarning)
-                obs = np.nanmean(self.value[rows], axis=0)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            obs = np.nanmean(self.value[rows], axis=0)
         out = []
         for j, n in enumerate(self.names):
             ex = (obs[j] - self.center[j]) / self.bar[j]
@@ -223,12 +223,10 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
             avail = means[:, idx["memory.MemAvailable"]].astype(np.float64) * 1024.0
             drop = np.nanmedian(avail[ref]) - avail
             V[:, j] = np.minimum(V[:, j], np.nanmedian(V[ref, j]) + np.maximum(drop, 0.0))
-    with np.errstate(invalid="ignore"):
-        import warnings
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            center = np.nanmedian(V[ref], axis=0)
-            mad = np.nanmedian(np.abs(V[ref] - center), axis=0) * 1.4826
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        center = np.nanmedian(V[ref], axis=0)
+        mad = np.nanmedian(np.abs(V[ref] - center), axis=0) * 1.4826
     center = np.nan_to_num(center)
     mins = np.array([MINIMUM[n] for n in present])
     bar = np.maximum(z * np.nan_to_num(mad), mins)
@@ -240,8 +238,6 @@ def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarra
     ``horizon`` seconds (itself included)."""
     c = np.nan_to_num(col.astype(np.float64))
     out = np.empty(len(c))
-    j = 0
-    from collections import deque
     dq: deque[int] = deque()
     for i in range(len(c)):
         while dq and c[dq[-1]] <= c[i]:
@@ -250,7 +246,6 @@ def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarra
         while start[dq[0]] < start[i] - horizon:
             dq.popleft()
         out[i] = c[dq[0]]
-        j += 1
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Sequence
 import numpy as np
 
 from ..types import ChannelMeta
+from .foreign import derive as foreign_derive
 
 #: Channels whose coefficient of variation is below this carry no information (paper: 0.01).
 CV_MIN = 0.01
@@ -207,7 +208,6 @@ def _derive(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | N
             with np.errstate(invalid="ignore", divide="ignore"):
                 add(f"{m.group(1)}.{m.group(2)}_util_pct",
                     100.0 * X[:, idx[n]] * 8 / (np.where(sp > 0, sp, np.nan) * 1e6), "%")
-    from .foreign import derive as foreign_derive
     fc, fn, fu = foreign_derive(X, names, t)
     for c, n, u in zip(fc, fn, fu):
         add(n, c, u)

@@ -194,14 +194,13 @@ class JobScopeProbe(Probe):
         if self._n % self.rescan_every == 0:
             self._resolve()
         self._n += 1
-        vals = [NAN] * len(CHANNELS)
         raw: list[float] = []
         if self._inner is not None:
             raw = list(self._inner.sample())
         elif self._tree is not None:
             raw = self._tree.read()
-        for i, j in self._map:
-            vals[j] = raw[i]
+        cur = self._current(raw)      # this source's values in the fixed channel order
+        vals = list(cur)
         if self.mode == "none":
             vals[_NAMES.index("system.run.nprocs")] = 0.0
         # counters: the sum of positive changes (a finished step's processes vanish)
@@ -217,7 +216,7 @@ class JobScopeProbe(Probe):
             if last is not None and last[j] == last[j]:
                 self._acc[j] += max(0.0, v - last[j])
             vals[j] = self._acc[j]
-        self._last = self._current(raw) if self.mode != "none" else None
+        self._last = cur if self.mode != "none" else None
         return vals
 
     def _current(self, raw: list[float]) -> list[float]:
