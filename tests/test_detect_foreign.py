@@ -139,3 +139,14 @@ def test_foreign_load_found_live():
     assert found and found[0]["subsystem"] == "cpu", found
     assert 0 <= found[0]["detected_at"] - (T0 + 80) <= 6
     assert found[0]["foreign"]["support"][0]["channel"] == "cpu.foreign.cores"
+
+
+def test_neighbour_arriving_after_startup_is_not_startup():
+    """Start-up activity of the job runs into a neighbour that arrives later: the merged event
+    begins inside the start-up grace, yet the foreign load began after it -- an anomaly."""
+    t, v, ch = frame(run_cores=lambda x: 1.8 if x < 16 else 1.0,
+                     foreign_cores=lambda x: 1.0 if 18 <= x < 40 else 0.0, cores=4)
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["cpu"], (det.anomalies,
+                                                                  det.observations)
+    assert "foreign" in det.anomalies[0]["families"]

@@ -197,6 +197,7 @@ class EventStage:
     center: np.ndarray
     scale: np.ndarray
     foreign: fl.Foreign
+    symptoms: tuple                 # attribution.symptom_mask of the channels, once per run
 
 
 def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cfg: dict,
@@ -219,7 +220,7 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
                                for n, c, b in zip(fam.names, fam.center, fam.bar)}
     analysis["flagged_windows"] = int(flag.sum())
     spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
-    return EventStage(flag, groups, spans, center, scale, fam)
+    return EventStage(flag, groups, spans, center, scale, fam, attr.symptom_mask(P.names))
 
 
 @dataclass
@@ -252,8 +253,7 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     fsup = E.foreign.support(rows)
     if np.max(np.abs(dev)) < cfg["min_deviation"] and not fsup:
         return Judgement("weak")
-    hits = attr.symptom_hits(dev, observed, c_ref, attr.symptom_mask(P.names),
-                             cfg["min_deviation"])
+    hits = attr.symptom_hits(dev, observed, c_ref, E.symptoms, cfg["min_deviation"])
     symp = [int(j) for j in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
     impact = attr.iteration_impact(events, s0, s1, E.spans)
     bar = max(cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)) if impact else 0
@@ -275,8 +275,8 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
         why = ("activity changed, but nothing outside the run's own behaviour explains it: "
                "no pressure, stall, loss or throttling signal moved, no process outside the "
                "run took CPU, memory or I/O, and the iterations did not slow down")
-    elif not from_baseline and at_edge(s0, s1, W.starts, W.ends, cfg) and not (
-            slowed and steady_before(events, s0, cfg)):
+    elif not from_baseline and at_edge(_foreign_onset(E, W, rows, s0), s1, W.starts, W.ends,
+                                       cfg) and not (slowed and steady_before(events, s0, cfg)):
         why = ("contiguous with the start-up or teardown of the run/step (imports, data "
                "loading, rendezvous, exit): not a steady-state anomaly")
     if why:
@@ -309,6 +309,16 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
                                  "facts": meta.get("facts") or {},
                                  "foreign": an.get("foreign")})
     return Judgement("anomaly", an)
+
+
+def _foreign_onset(E: EventStage, W: WindowStage, rows: np.ndarray, s0: float) -> float:
+    """When foreign load began within the event (its first window above a bar), else ``s0``:
+    an event that merged the run's start-up with a neighbour arriving later is not start-up."""
+    ex = E.foreign.excess
+    if not ex.shape[1]:
+        return s0
+    hot = rows[(ex[rows] >= 1.0).any(axis=1)]
+    return max(s0, float(W.win.mid[hot[0]])) if len(hot) else s0
 
 
 def invariant_anomalies(P: Prepared, W: WindowStage, E: EventStage, meta: dict,
