@@ -117,7 +117,9 @@ class Recording:
                       source=self.source, user=user, uid=os.getuid(), gid=os.getgid(),
                       command=self.command, pids=[os.getpid()],
                       extra={**self.extra, **({"live": True} if self.live else {})})
-        run.run_dir = self.client.register(run)
+        # watch: if this process is killed (SIGKILL, OOM), the agent closes the run itself
+        # and, idle, exits; nothing samples on for a recording nobody will finish.
+        run.run_dir = self.client.register(run, watch=True)
         self.run = run
 
     def _fail(self, msg: str, running: bool = True) -> None:

@@ -181,7 +181,7 @@ def test_disk_full_spool(cluster, slurm_users):
                 assert time.monotonic() < deadline, "the job was never registered"
                 time.sleep(0.1)
             # The spool fills up while the job runs.
-            with open(os.path.join(spool, "filler"), "wb") as f:
+            with open(os.path.join(spool, "filler"), "wb", buffering=0) as f:
                 try:
                     while True:
                         f.write(b"\0" * 65536)

@@ -49,7 +49,8 @@ def test_other_user_cannot_act_on_a_job(slurm_cluster, slurm_users, tmp_path):
     assert send_as(a, sock, {"op": "event", "run_id": run_id, "event": "note",
                              "message": "from the user"})["ok"]
 
-    # The pending queue is writable by anyone (sticky): B plants a symlink and a forged request.
+    # The pending queue is root's alone (0700): B can plant neither a symlink nor a forged
+    # request (had an older world-writable queue let it, the agent would drop them unread).
     target = tmp_path / "root-owned-target"
     target.write_text("untouched\n")
     os.chmod(tmp_path, 0o755)
@@ -57,9 +58,12 @@ def test_other_user_cannot_act_on_a_job(slurm_cluster, slurm_users, tmp_path):
     forged = json.dumps({"op": "register", "run": {
         "run_id": "slurm-888888", "source": "slurm", "uid": 0,
         "run_dir": os.path.join(c.spool, "jobs", "888888", c.node)}})
-    subprocess.run(["runuser", "-u", b, "--", "sh", "-c",
-                    f"ln -s {target} {pend}/0000000001.000000-evil.json; "
-                    f"echo '{forged}' > {pend}/0000000002.000000-forged.json"], check=True)
+    planted = subprocess.run(["runuser", "-u", b, "--", "sh", "-c",
+                              f"ln -s {target} {pend}/0000000001.000000-evil.json; "
+                              f"echo '{forged}' > {pend}/0000000002.000000-forged.json"],
+                             capture_output=True, text=True)
+    assert planted.returncode != 0 and "Permission denied" in planted.stderr
+    assert os.stat(pend).st_mode & 0o7777 == 0o700 and os.stat(pend).st_uid == 0
     job = c.wait(job_id)
     assert job.state == "COMPLETED"
     time.sleep(1.5)  # the agent reads the queue every 0.5 s

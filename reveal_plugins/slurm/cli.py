@@ -31,7 +31,11 @@ def main(argv: list[str] | None = None) -> int:
         return dispatch(cmd)
     if cmd == "_analyze" and rest:
         from .hooks import analyze_job
-        return analyze_job(rest[-1], wait_closed="--wait-closed" in rest)
+        fin: int | None | bool = False
+        if "--finalize" in rest:
+            v = rest[rest.index("--finalize") + 1]
+            fin = int(v) if v.lstrip("-").isdigit() else None
+        return analyze_job(rest[-1], wait_closed="--wait-closed" in rest, finalize=fin)
     if cmd == "build-spank":
         from .spank_build import main as build_main
         return build_main(rest)

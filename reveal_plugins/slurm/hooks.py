@@ -20,10 +20,10 @@ import sys
 import threading
 import time
 import traceback
-import uuid
 from typing import Any, Callable
 
 from ..spool import JOB_ID_RE
+from ..telemetry.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
 from .config import ConfigError, SlurmConfig, load_config
 
 DEFAULT_LOG = "/var/log/reveal/slurm-hooks.log"
@@ -32,14 +32,6 @@ BATCH, EXTERN = "batch", "extern"
 
 class BudgetExceeded(Exception):
     pass
-
-
-class AgentUnreachable(OSError):
-    """Nobody listens on the agent socket."""
-
-
-class AgentBusy(AgentUnreachable):
-    """The request went out but the agent did not answer in time (it acts on it later)."""
 
 
 # -- logging -----------------------------------------------------------------------------------
@@ -118,57 +110,15 @@ def run_hook(name: str, budget_s: float, fn: Callable[[], None]) -> int:
     return 0
 
 
-# -- agent protocol (one JSON line each way, docs/internals.md) ---------------------------------
+# -- agent protocol (docs/protocol.md, through the one client) -------------------------------------
 
 def agent_request(sock_path: str, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(max(0.01, timeout))
-    try:
-        try:
-            s.connect(sock_path)
-        except OSError as e:
-            raise AgentUnreachable(e.errno, f"agent socket {sock_path}: "
-                                   f"{e.strerror or type(e).__name__}") from None
-        s.sendall((json.dumps(req) + "\n").encode())
-        buf = b""
-        while not buf.endswith(b"\n"):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-    except socket.timeout:
-        raise AgentBusy(0, f"agent socket {sock_path}: no reply within {timeout:.2f} s (the "
-                        "request was sent)") from None
-    finally:
-        s.close()
-    try:
-        reply = json.loads(buf)
-    except ValueError:
-        raise AgentUnreachable(0, f"agent socket {sock_path}: invalid reply {buf[:80]!r}") \
-            from None
-    return reply
+    """One request; the reply, ``ok`` or not.  Raises AgentUnreachable (start an agent) or
+    AgentBusy (one is there: do not start another)."""
+    return AgentClient(sock_path).request(req, timeout, check=False)
 
 
-def queue_pending(spool: str, req: dict[str, Any]) -> str:
-    """Leave a request in ``<spool>/pending/`` for an agent that is still starting."""
-    pend = os.path.join(spool, "pending")
-    try:
-        os.mkdir(pend, 0o1733)
-        os.chmod(pend, 0o1733)
-    except FileExistsError:
-        pass
-    dfd = os.open(pend, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"
-        tmp = "." + name + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=dfd)
-        with os.fdopen(fd, "w") as f:
-            json.dump(req, f)
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    finally:
-        os.close(dfd)
-    return os.path.join(pend, name)
+queue_pending = queue_request
 
 
 def _registration_pending(spool: str, run_id: str) -> bool:
@@ -356,12 +306,13 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     exit_code = int(ec.split(":")[0]) if ec.split(":")[0].isdigit() else None
     req = {"op": "unregister", "run_id": f"slurm-{job}", "exit_code": exit_code}
     wait_closed = False
+    orphan = False  # the agent died: the analysis closes the run from what is on disk
     by_spank = env.get("REVEAL_SPANK_UNREGISTERED")
     try:
         if by_spank:  # the SPANK job_epilog already sent the unregister (and ran us detached)
             reply = {"ok": True} if by_spank == "ok" else None
             if by_spank == "unreachable":
-                raise AgentUnreachable(0, f"agent socket {spool}/agent.sock: no answer to the "
+                raise AgentUnreachable(f"agent socket {spool}/agent.sock: no answer to the "
                                           "SPANK plugin's unregister")
             if reply is None:
                 reply = {"ok": False, "error": "run_id is not registered" if by_spank == "notreg"
@@ -392,8 +343,9 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
             log("epilog", "WARNING", f"{e}; the agent is still starting: queued the unregister, "
                                      "the analysis waits for it", job)
         else:
-            log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; analysing "
-                                   f"what is on disk in {run_dir}", job)
+            orphan = True
+            log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; closing "
+                                   f"the run and analysing what is on disk in {run_dir}", job)
     if cfg.analysis == "off":
         return
     if not wait_closed and not os.path.isfile(os.path.join(run_dir, "meta.json")):
@@ -410,6 +362,7 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
         p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
     argv = [sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze"]
     argv += ["--wait-closed"] if wait_closed else []
+    argv += ["--finalize", str(exit_code)] if orphan else []
     subprocess.Popen(argv + [run_dir],
                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                      stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True, cwd="/",
@@ -468,7 +421,8 @@ def _wait_closed(run_dir: str, timeout: float) -> bool:
     return False
 
 
-def analyze_job(run_dir: str, wait_closed: bool = False) -> int:
+def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | bool = False
+                ) -> int:
     """The detached analysis after the Epilog: bounded by ``analysis_timeout_s``; logs, exit 0."""
     job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
     try:
@@ -503,6 +457,11 @@ def analyze_job(run_dir: str, wait_closed: bool = False) -> int:
         if wait_closed and not _wait_closed(run_dir, min(30.0, timeout / 2)):
             log("analysis", "WARNING", f"{run_dir}: the agent did not close the run in time; "
                                        "analysing what is on disk", job)
+        if finalize is not False:
+            from ..telemetry.finalize import finalize_orphan
+            if finalize_orphan(run_dir, finalize, "epilog") is not None:
+                log("analysis", "WARNING", f"{run_dir}: closed the run its agent left open "
+                                           "(end = last stored sample)", job)
         mod, func = cfg.analyzer.split(":", 1)
         import importlib
         fn = getattr(importlib.import_module(mod), func)

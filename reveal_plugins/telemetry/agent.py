@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import fcntl
 import logging
+import logging.handlers
 import os
+import select
 import signal
 import socket
-import socketserver
-import struct
 import sys
 import threading
 import time
@@ -29,17 +29,23 @@ import numpy as np
 from .. import __version__
 from ..hooks import call_safely, get_plugin_manager
 from ..types import ChannelMeta, RunInfo
-from . import store
+from . import pending, protocol, store
 from .probe import Probe
+from .server import AgentServer
 
 log = logging.getLogger("reveal.agent")
 
-MAX_REQUEST = 1 << 20
+MAX_REQUEST = protocol.MAX_REQUEST
 
 
-def _peer_uid(sock: socket.socket) -> int:
-    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    return struct.unpack("3i", creds)[1]
+@dataclass(frozen=True)
+class RunLimits:
+    """What one run's senders may write (docs/protocol.md): beyond these, events are dropped
+    and counted (``events_dropped`` in meta.json), never written."""
+    event_bytes: int = 64 * 1024          # one event, as stored
+    events: int = 100_000                 # events per run
+    events_total_bytes: int = 64 << 20    # events.jsonl per run
+    steps: int = 1024                     # distinct step ids per run
 
 
 def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
@@ -66,6 +72,10 @@ class RunState:
     live_t: list[float] = field(default_factory=list)
     live_rows: list[np.ndarray] = field(default_factory=list)
     live_findings: int = 0
+    events_written: int = 0
+    events_bytes: int = 0
+    events_dropped: int = 0
+    owner_fd: int | None = None           # pidfd of the process whose death closes the run
 
 
 class Agent:
@@ -84,6 +94,9 @@ class Agent:
         self.host = socket.gethostname().split(".")[0]
         self.uid = os.geteuid()
         self._lock = threading.RLock()
+        self._reg_lock = threading.Lock()
+        self._stop_lock = threading.Lock()   # one registration at a time: no duplicate RunState
+        self.limits = RunLimits()
         self._runs: dict[str, RunState] = {}
         self._stop = threading.Event()
         self._latest: tuple[float, np.ndarray] | None = None
@@ -179,39 +192,57 @@ class Agent:
             return [st.run for st in self._runs.values()]
 
     # -- run registry ---------------------------------------------------------------------
-    def register(self, run: RunInfo) -> str:
+    def register(self, run: RunInfo, owner_pid: int | None = None) -> str:
+        """Start recording ``run``; idempotent per run id.  With ``owner_pid`` the run is closed
+        by the agent itself when that process dies (a ``reveal record`` killed with SIGKILL)."""
         if not run.run_id or "/" in run.run_id or run.run_id.startswith("."):
             raise ValueError(f"run_id {run.run_id!r}: must be a non-empty name without '/'")
-        with self._lock:
-            if run.run_id in self._runs:
-                return self._runs[run.run_id].run.run_dir
+        # The whole registration under one lock: a socket registration racing the SPANK
+        # plugin's queued copy of the same run must find the first one, not make a second.
+        with self._reg_lock:
+            with self._lock:
+                if run.run_id in self._runs:
+                    return self._runs[run.run_id].run.run_dir
+            return self._register(run, owner_pid)
+
+    def _register(self, run: RunInfo, owner_pid: int | None) -> str:
         run.host = run.host or self.host
         run_dir = _create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
         run.run_dir = run_dir
         idx = [i for i, c in enumerate(self.channels) if self._wanted(c, run)]
         rprobes: list[Probe] = []
-        for batch in call_safely("reveal_register_run_probes", run=run, config=self.config):
-            for p in batch:
-                try:
-                    p.open()
-                except Exception as e:
-                    p.available, p.reason = False, f"open() failed: {e}"
-                if p.available:
-                    rprobes.append(p)
-        channels = [self.channels[i] for i in idx] + [c for p in rprobes for c in p.channels]
-        now = time.time()
-        meta = {
-            "schema": store.META_SCHEMA, "run": run.to_dict(), "host": run.host,
-            "interval_s": self.interval_s, "segment_s": self.segment_s,
-            "probes": self.probe_table() + [p.describe() for p in rprobes],
-            "channels": [c.to_dict() for c in channels], "start": now, "end": None,
-            "exit_code": None, "steps": [],
-            "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
-        }
-        file_mode = 0o640
-        store.write_meta(run_dir, meta)
-        writer = store.SegmentWriter(run_dir, channels, self.segment_s, file_mode=file_mode)
-        st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta, now)
+        owner_fd = None
+        try:
+            for batch in call_safely("reveal_register_run_probes", run=run, config=self.config):
+                for p in batch:
+                    try:
+                        p.open()
+                    except Exception as e:
+                        p.available, p.reason = False, f"open() failed: {e}"
+                    if p.available:
+                        rprobes.append(p)
+            if owner_pid:
+                owner_fd = os.pidfd_open(owner_pid)
+            channels = [self.channels[i] for i in idx] + [c for p in rprobes for c in p.channels]
+            now = time.time()
+            meta = {
+                "schema": store.META_SCHEMA, "run": run.to_dict(), "host": run.host,
+                "interval_s": self.interval_s, "segment_s": self.segment_s,
+                "probes": self.probe_table() + [p.describe() for p in rprobes],
+                "channels": [c.to_dict() for c in channels], "start": now, "end": None,
+                "exit_code": None, "steps": [],
+                "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
+            }
+            store.write_meta(run_dir, meta)
+            writer = store.SegmentWriter(run_dir, channels, self.segment_s, file_mode=0o640)
+        except BaseException:
+            for p in rprobes:  # nothing opened for a run that never starts stays open
+                p.close()
+            if owner_fd is not None:
+                os.close(owner_fd)
+            raise
+        st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta, now,
+                      owner_fd=owner_fd)
         if self.live or run.extra.get("live"):
             st.live = self._make_live(channels)
         self._event(st, "run_start", run_id=run.run_id, source=run.source)
@@ -278,12 +309,32 @@ class Agent:
             log.error("run %s: cannot write telemetry to %s: %s (sampling goes on)",
                       st.run.run_id, st.run.run_dir, msg)
 
-    def event(self, run_id: str, event: str, t: float | None = None, **fields: Any) -> None:
+    def event(self, run_id: str, event: str, t: float | None = None, **fields: Any) -> bool:
+        """A sender's event, within the run's limits; False when it was dropped."""
         with self._lock:
             st = self._runs.get(run_id)
             if st is None:
                 raise KeyError(f"run_id {run_id!r} is not registered")
+            size = len(protocol.encode(fields)) + len(event) + 32
+            lim = self.limits
+            new_step = event in ("step_start", "step_end") and \
+                str(fields.get("step_id")) not in st.steps
+            why = ("event larger than %d bytes" % lim.event_bytes if size > lim.event_bytes
+                   else "more than %d events" % lim.events if st.events_written >= lim.events
+                   else "events.jsonl over %d bytes" % lim.events_total_bytes
+                   if st.events_bytes + size > lim.events_total_bytes
+                   else "more than %d steps" % lim.steps if new_step and len(st.steps) >= lim.steps
+                   else None)
+            if why:
+                if not st.events_dropped:
+                    log.warning("run %s: dropping events (%s); counted in meta.json",
+                                run_id, why)
+                st.events_dropped += 1
+                return False
+            st.events_written += 1
+            st.events_bytes += size
             self._event(st, event, t, **fields)
+            return True
 
     def unregister(self, run_id: str, exit_code: int | None = None) -> str:
         with self._lock:
@@ -309,19 +360,23 @@ class Agent:
         st.meta["probes"] = self.probe_table() + [p.describe() for p in st.probes]
         st.meta.update(end=now, exit_code=exit_code, steps=list(st.steps.values()),
                        samples=st.writer.samples_written, bytes_stored=st.writer.bytes_written,
-                       write_error=st.write_error, live_findings=st.live_findings)
+                       write_error=st.write_error, live_findings=st.live_findings,
+                       events_dropped=st.events_dropped)
         try:
             store.write_meta(st.run.run_dir, st.meta)
         except OSError as e:
             self._write_failed(st, f"meta.json: {e}")
         for p in st.probes:
             p.close()
+        if st.owner_fd is not None:
+            os.close(st.owner_fd)
+            st.owner_fd = None
         call_safely("reveal_run_end", run=st.run, exit_code=exit_code)
 
     # -- sampling loop --------------------------------------------------------------------
     def sample_once(self) -> None:
         c0 = time.thread_time()
-        t = time.time()
+        t, mono = time.time(), time.monotonic()  # wall clock labels, monotonic schedules
         row, held = self._sample_host()
         self._latest = (t, held)
         with self._lock:
@@ -341,7 +396,7 @@ class Agent:
                 if extra:
                     rrow = np.concatenate([rrow, np.asarray(extra, dtype=float)])
                 try:
-                    st.writer.add(t, rrow)
+                    st.writer.add(t, rrow, mono)
                 except Exception as e:  # disk full, directory removed: keep sampling
                     self._write_failed(st, f"segment: {type(e).__name__}: {e}")
                 if st.live is not None:
@@ -402,6 +457,10 @@ class Agent:
         pend = os.path.join(self.spool, "pending")
         while not self._stop.is_set():
             self.take_pending(pend)
+            try:
+                self._reap_owners()
+            except Exception as e:
+                log.warning("owner check failed: %s: %s", type(e).__name__, e)
             if self._stop.wait(0.5):
                 break
             if self.exit_when_idle and not self._runs and \
@@ -412,64 +471,84 @@ class Agent:
                 self._idle_since = time.monotonic()
 
     def take_pending(self, pend: str) -> None:
-        """Register runs queued as files while the socket was not up (root/own-uid files only)."""
-        try:
-            names = sorted(os.listdir(pend))
-        except OSError:
-            return
-        for n in names:
-            if not n.endswith(".json"):
-                continue
-            path = os.path.join(pend, n)
+        """Register runs queued as files while the socket was not up (root/own-uid files only).
+
+        A registration whose unregister is queued too (the job ended while no agent ran) is
+        finalized at once, so the Epilog's analysis finds a closed run and no sampling starts
+        for a job that is gone."""
+        reqs = pending.take(pend, (0, self.uid))
+        ended = {r.get("run_id") for _, r in reqs if r.get("op") == "unregister"}
+        for path, req in reqs:
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-                with os.fdopen(fd) as f:
-                    st = os.fstat(f.fileno())
-                    if st.st_uid not in (0, self.uid):
-                        raise PermissionError(f"owned by uid {st.st_uid}")
-                    req = json.load(f)
-                os.unlink(path)
                 op = req.get("op", "register")
                 if op == "register":
-                    self.register(RunInfo.from_dict(req["run"]))
+                    run = RunInfo.from_dict(req["run"])
+                    self.register(run)
+                    if run.run_id in ended:
+                        self.event(run.run_id, "registered_after_end", source="pending")
                 elif op == "unregister":
                     self.unregister(req["run_id"], req.get("exit_code"))
                 elif op == "event":
                     self.event(req.pop("run_id"), req.pop("event"), req.pop("t", None),
-                               **{k: v for k, v in req.items() if k != "op"})
+                               **{k: v for k, v in req.items() if k not in ("op", "v")})
             except Exception as e:
                 log.warning("pending request %s ignored: %s: %s", path, type(e).__name__, e)
+
+    def _reap_owners(self) -> None:
+        """Close runs whose owning process died (pidfd readable = the process exited)."""
+        with self._lock:
+            watched = [(st.run.run_id, st.owner_fd) for st in self._runs.values()
+                       if st.owner_fd is not None]
+        if not watched:
+            return
+        ready, _, _ = select.select([fd for _, fd in watched], [], [], 0)
+        for run_id, fd in watched:
+            if fd in ready:
+                log.warning("run %s: its owner process died without closing it; closing it",
+                            run_id)
                 try:
-                    os.unlink(path)
-                except OSError:
+                    with self._lock:
+                        st = self._runs.get(run_id)
+                        if st is not None:
+                            self._event(st, "owner_gone")
+                    self.unregister(run_id, None)
+                except KeyError:
                     pass
 
     # -- socket server --------------------------------------------------------------------
-    def handle(self, req: dict[str, Any], peer_uid: int) -> dict[str, Any]:
+    def privileged(self, uid: int) -> bool:
+        return uid in (0, self.uid)
+
+    def handle(self, req: dict[str, Any], peer_uid: int, peer_pid: int = 0) -> dict[str, Any]:
         op = req.get("op")
-        privileged = peer_uid in (0, self.uid)
+        privileged = self.privileged(peer_uid)
         if op == "ping":
             return {"ok": True, "pid": os.getpid(), "interval_s": self.interval_s,
-                    "uid": self.uid, "host": self.host, "version": __version__}
+                    "uid": self.uid, "host": self.host, "version": __version__,
+                    "protocol": protocol.VERSION}
         if op == "status":
             with self._lock:
                 runs = [st.run.to_dict() for st in self._runs.values()
                         if privileged or st.run.uid == peer_uid]
-            return {"ok": True, "runs": runs, "probes": self.probe_table(),
-                    "ticks": self.ticks, "missed_ticks": self.missed_ticks,
-                    "sample_cpu_s": self.sample_cpu_s}
+            out = {"ok": True, "runs": runs, "probes": self.probe_table(),
+                   "ticks": self.ticks, "missed_ticks": self.missed_ticks,
+                   "sample_cpu_s": self.sample_cpu_s}
+            if privileged and getattr(self, "_server", None) is not None:
+                out["server"] = dict(self._server.stats, connections=len(self._server._conns))
+            return out
         if op == "register":
             if not privileged:
                 return {"ok": False, "error": f"uid {peer_uid} may not register runs with an "
                                               f"agent of uid {self.uid}"}
             run = RunInfo.from_dict(req.get("run") or {})
-            return {"ok": True, "run_dir": self.register(run)}
+            owner = peer_pid if req.get("watch") is True and peer_pid > 0 else None
+            return {"ok": True, "run_dir": self.register(run, owner_pid=owner)}
         if op in ("event", "unregister"):
             run_id = req.get("run_id")
             with self._lock:
                 st = self._runs.get(run_id)
             if st is None:
-                return {"ok": False, "error": f"run_id {run_id!r} is not registered"}
+                return {"ok": False, "error": f"run_id {str(run_id)[:80]!r} is not registered"}
             if not privileged and st.run.uid != peer_uid:
                 return {"ok": False, "error": f"uid {peer_uid} may not act on run {run_id!r}"}
             if op == "unregister":
@@ -479,72 +558,64 @@ class Agent:
                 run_dir = self.unregister(run_id, req.get("exit_code"))
                 return {"ok": True, "run_dir": run_dir, "write_error": st.write_error or err}
             event = req.get("event")
-            if not isinstance(event, str) or not event or event in ("run_start", "run_end"):
-                return {"ok": False, "error": f"event {event!r}: not a valid event name"}
-            fields = {k: v for k, v in req.items() if k not in ("op", "run_id", "event", "t")}
-            self.event(run_id, event, req.get("t"), **fields)
+            if not isinstance(event, str) or not event or len(event) > 64 or \
+                    event in ("run_start", "run_end", "owner_gone"):
+                return {"ok": False, "error": f"event {str(event)[:80]!r}: not a valid event name"}
+            fields = {k: v for k, v in req.items() if k not in ("op", "run_id", "event", "t", "v")}
+            t = req.get("t")
+            if t is not None and (not isinstance(t, (int, float)) or isinstance(t, bool)):
+                return {"ok": False, "error": f"t={str(t)[:40]!r}: must be a number (seconds)"}
+            if not self.event(run_id, event, t, **fields):
+                return {"ok": False, "error": f"run {run_id!r}: event dropped, over the run's "
+                                              "limits (docs/protocol.md)"}
             return {"ok": True}
         if op == "shutdown":
             if not privileged:
                 return {"ok": False, "error": "only root or the agent's user may shut it down"}
-            threading.Timer(0.2, self.stop).start()  # after the reply is sent
+            # A non-daemon thread: the interpreter waits for it, so the runs are finished
+            # (last segment, run_end, meta.json) even when the process is exiting.
+            threading.Thread(target=self._stop_soon, name="reveal-shutdown").start()
             return {"ok": True}
-        return {"ok": False, "error": f"unknown op {op!r}"}
+        return {"ok": False, "error": f"unknown op {str(op)[:40]!r}"}
 
-    def _serve(self, sock_path: str) -> None:
-        agent = self
-
-        class Handler(socketserver.StreamRequestHandler):
-            timeout = 5
-
-            def handle(self) -> None:
-                try:
-                    uid = _peer_uid(self.connection)
-                except OSError:
-                    return
-                for line in self.rfile:
-                    if len(line) > MAX_REQUEST:
-                        reply = {"ok": False, "error": "request too large"}
-                    else:
-                        try:
-                            req = json.loads(line)
-                            if not isinstance(req, dict):
-                                raise ValueError("request must be a JSON object")
-                            reply = agent.handle(req, uid)
-                        except Exception as e:
-                            reply = {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                    self.wfile.write((json.dumps(reply, default=str) + "\n").encode())
-                    self.wfile.flush()
-
-        class Server(socketserver.ThreadingUnixStreamServer):
-            daemon_threads = True
-
-        self._server = Server(sock_path, Handler)
-        # Root agents accept any local user (peer credentials decide per request).
-        os.chmod(sock_path, 0o666 if self.uid == 0 else 0o600)
-        self._server.serve_forever(poll_interval=0.2)
+    def _stop_soon(self) -> None:
+        time.sleep(0.2)  # let the reply go out first
+        self.stop()
 
     # -- lifecycle ------------------------------------------------------------------------
     def start(self) -> None:
-        """Start serving; raises RuntimeError when another agent already serves this spool."""
+        """Start serving; raises RuntimeError when another agent already serves this spool.
+
+        One agent per spool is enforced by an exclusive lock on ``<spool>/agent.lock``, held
+        for the agent's life, not by trying the socket: a busy agent (full backlog) must not
+        be taken for a dead one and have its socket unlinked by a second agent."""
         os.makedirs(self.spool, mode=0o755, exist_ok=True)
-        sock_path = os.path.join(self.spool, "agent.sock")
-        if os.path.exists(sock_path):
-            probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            probe.settimeout(1.0)
-            try:
-                probe.connect(sock_path)
-                raise RuntimeError(f"another agent already serves {sock_path}; not starting a "
-                                   "second one")
-            except OSError:
-                os.unlink(sock_path)  # stale socket of a dead agent
-            finally:
-                probe.close()
-        os.makedirs(os.path.join(self.spool, "pending"), mode=0o1733 if self.uid == 0 else 0o700,
-                    exist_ok=True)
-        self._idle_since = time.monotonic()
         self.sock_path = os.path.join(self.spool, "agent.sock")
-        self._threads = [threading.Thread(target=self._serve, args=(self.sock_path,),
+        lock = os.open(os.path.join(self.spool, "agent.lock"),
+                       os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            other = os.read(lock, 32).decode(errors="replace").strip() or "?"
+            os.close(lock)
+            raise RuntimeError(f"another agent (pid {other}) already serves {self.spool}; "
+                               "not starting a second one") from None
+        os.ftruncate(lock, 0)
+        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        self._lock_fd = lock
+        try:
+            os.unlink(self.sock_path)  # the lock is ours: any socket here is a dead agent's
+        except FileNotFoundError:
+            pass
+        pending.prepare_dir(os.path.join(self.spool, "pending"), self.uid)
+        gid = self.config.get("socket_gid")
+        # Root agents accept any local user unless a group is named: job users send events
+        # (iteration markers, steps); peer credentials decide per request.
+        mode = (0o660 if gid is not None else 0o666) if self.uid == 0 else 0o600
+        self._server = AgentServer(self.sock_path, self.handle, self.privileged, mode=mode,
+                                   gid=gid)
+        self._idle_since = time.monotonic()
+        self._threads = [threading.Thread(target=self._server.serve_forever,
                                           name="reveal-socket", daemon=True),
                          threading.Thread(target=self._sampling_loop, name="reveal-sampler",
                                           daemon=True),
@@ -557,10 +628,14 @@ class Agent:
         call_safely("reveal_agent_started", agent=self)
 
     def stop(self) -> None:
-        if getattr(self, "_stopped", False):
-            return
-        self._stopped = True
-        self._stop.set()
+        with self._stop_lock:  # a second caller waits until the runs are finished
+            if getattr(self, "_stopped", False):
+                return
+            self._stopped = True
+            self._stop.set()
+            self._stop_now()
+
+    def _stop_now(self) -> None:
         call_safely("reveal_agent_stopping", agent=self)
         with self._lock:
             states = list(self._runs.values())
@@ -570,11 +645,13 @@ class Agent:
         srv = getattr(self, "_server", None)
         if srv is not None:
             srv.shutdown()
-            srv.server_close()
-        try:
-            os.unlink(self.sock_path)
-        except (OSError, AttributeError):
-            pass
+            try:
+                os.unlink(self.sock_path)
+            except OSError:
+                pass
+        if getattr(self, "_lock_fd", None) is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
         for p in self.probes:
             p.close()
 
@@ -596,16 +673,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--idle-grace", type=float, default=30.0)
     ap.add_argument("--live", action="store_true", help="run live detection for every run")
     ap.add_argument("--log-level", default="INFO")
+    ap.add_argument("--log-file", default=None,
+                    help="log here, rotated at 10 MiB (3 files kept), instead of to stderr")
+    ap.add_argument("--socket-group", default=None,
+                    help="root agent: only this group (and root) may connect (socket 0660)")
     args = ap.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s reveal-agent[%(process)d] %(levelname)s %(message)s")
+    fmt = "%(asctime)s reveal-agent[%(process)d] %(levelname)s %(message)s"
+    if args.log_file:
+        h = logging.handlers.RotatingFileHandler(args.log_file, maxBytes=10 << 20,
+                                                 backupCount=2)
+        h.setFormatter(logging.Formatter(fmt))
+        logging.basicConfig(level=args.log_level.upper(), handlers=[h])
+    else:
+        logging.basicConfig(level=args.log_level.upper(), format=fmt)
+    config: dict[str, Any] = {}
+    if args.socket_group is not None:
+        import grp
+        try:
+            config["socket_gid"] = grp.getgrnam(args.socket_group).gr_gid
+        except KeyError:
+            ap.error(f"--socket-group {args.socket_group!r}: no such group")
     if not (0.001 <= args.interval <= 60):
         ap.error(f"--interval {args.interval}: must be between 0.001 and 60 seconds")
     if not (1 <= args.segment <= 10):
         ap.error(f"--segment {args.segment}: must be between 1 and 10 seconds")
     agent = Agent(args.spool or spool_root(), args.interval, args.segment,
                   exit_when_idle=args.exit_when_idle, idle_grace_s=args.idle_grace,
-                  live=args.live)
+                  live=args.live, config=config)
     signal.signal(signal.SIGTERM, lambda *a: agent._stop.set())
     signal.signal(signal.SIGINT, lambda *a: agent._stop.set())
     try:

@@ -1,7 +1,7 @@
 """Talking to the node agent: a small client, and ``ensure_agent`` that joins or starts one."""
 from __future__ import annotations
 
-import json
+import errno
 import os
 import socket
 import subprocess
@@ -10,40 +10,93 @@ import time
 import uuid
 from typing import Any
 
-from ..types import RunInfo
+from . import protocol
 
 
 class AgentError(RuntimeError):
     """The agent could not be reached or refused a request (the message says which)."""
 
 
+class AgentUnreachable(AgentError):
+    """Nobody accepts connections on the agent socket (no agent, or a dead one's socket)."""
+
+
+class AgentBusy(AgentError):
+    """An agent is there but did not take or answer the request in time (full backlog, slow
+    reply); unlike :class:`AgentUnreachable`, starting another agent would be wrong."""
+
+
+# A connect() that fails with these means an agent exists but cannot take us right now.
+_BUSY_ERRNOS = {errno.EAGAIN, errno.EWOULDBLOCK, errno.ETIMEDOUT}
+
+
 class AgentClient:
+    """The one client of the agent protocol (docs/protocol.md): ``reveal record``, the Slurm
+    hooks and ``reveal-torchrun`` all talk through it.  Standard library only."""
+
     def __init__(self, socket_path: str, timeout: float = 2.0):
         self.socket_path = socket_path
         self.timeout = timeout
 
-    def request(self, req: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def _connect(self, timeout: float) -> socket.socket:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout if timeout is None else timeout)
+        s.settimeout(max(0.01, timeout))
         try:
             s.connect(self.socket_path)
-            s.sendall((json.dumps(req, default=str) + "\n").encode())
+        except OSError as e:
+            s.close()
+            kind = AgentBusy if (isinstance(e, socket.timeout) or e.errno in _BUSY_ERRNOS) \
+                else AgentUnreachable
+            raise kind(f"agent socket {self.socket_path} "
+                       f"{'busy' if kind is AgentBusy else 'unreachable'}: "
+                       f"{e.strerror or type(e).__name__}") from None
+        return s
+
+    def batch(self, reqs: list[dict[str, Any]], timeout: float | None = None
+              ) -> list[dict[str, Any]]:
+        """Send requests on one connection; return the replies in order (bounded reads: a
+        reply line over ``protocol.MAX_REPLY`` or a silent agent raise :class:`AgentBusy`)."""
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        s = self._connect(timeout)
+        replies: list[dict[str, Any]] = []
+        try:
+            s.sendall(b"".join(protocol.encode({"v": protocol.VERSION, **r}) for r in reqs))
             buf = b""
-            while not buf.endswith(b"\n"):
+            while len(replies) < len(reqs):
+                nl = buf.find(b"\n")
+                if nl >= 0:
+                    replies.append(protocol.decode(buf[:nl], "reply"))
+                    buf = buf[nl + 1:]
+                    continue
+                if len(buf) > protocol.MAX_REPLY:
+                    raise AgentBusy(f"agent socket {self.socket_path}: reply longer than "
+                                    f"{protocol.MAX_REPLY} bytes")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise socket.timeout()
+                s.settimeout(left)
                 chunk = s.recv(65536)
                 if not chunk:
-                    break
+                    raise AgentBusy(f"agent socket {self.socket_path} closed the connection after "
+                                    f"{len(replies)} of {len(reqs)} replies")
                 buf += chunk
+        except socket.timeout:
+            raise AgentBusy(f"agent socket {self.socket_path}: no reply within {timeout:.2f} s "
+                            "(the request was sent)") from None
+        except protocol.ProtocolError as e:
+            raise AgentBusy(f"agent socket {self.socket_path} sent an invalid reply: {e}") from None
         except OSError as e:
-            raise AgentError(f"agent at {self.socket_path} unreachable: "
-                             f"{e.strerror or type(e).__name__}") from None
+            raise AgentBusy(f"agent socket {self.socket_path}: "
+                            f"{e.strerror or type(e).__name__}") from None
         finally:
             s.close()
-        try:
-            reply = json.loads(buf)
-        except ValueError:
-            raise AgentError(f"agent at {self.socket_path} sent no valid reply") from None
-        if not reply.get("ok"):
+        return replies
+
+    def request(self, req: dict[str, Any], timeout: float | None = None,
+                check: bool = True) -> dict[str, Any]:
+        reply = self.batch([req], timeout)[0]
+        if check and not reply.get("ok"):
             raise AgentError(f"agent refused {req.get('op')}: {reply.get('error')}")
         return reply
 
@@ -57,8 +110,14 @@ class AgentClient:
         except AgentError:
             return False
 
-    def register(self, run: RunInfo) -> str:
-        return self.request({"op": "register", "run": run.to_dict()})["run_dir"]
+    def register(self, run: Any, watch: bool = False) -> str:
+        """Register a run (a ``RunInfo`` or its dict).  ``watch=True``: the agent closes the run
+        by itself when this process dies (it holds a pidfd of the peer)."""
+        d = run.to_dict() if hasattr(run, "to_dict") else dict(run)
+        req: dict[str, Any] = {"op": "register", "run": d}
+        if watch:
+            req["watch"] = True
+        return self.request(req)["run_dir"]
 
     def event(self, run_id: str, event: str, t: float | None = None, **fields: Any) -> None:
         self.request({"op": "event", "run_id": run_id, "event": event,
@@ -80,15 +139,26 @@ class AgentClient:
 
 
 def queue_request(spool: str, req: dict[str, Any]) -> str:
-    """Leave a request for an agent that is not listening yet (it takes ``pending/`` files)."""
+    """Leave a request in ``<spool>/pending/`` for an agent that is not listening yet.
+
+    Only root (or a private agent's own user) queues, so the directory is 0700; the file is
+    created beside it and renamed in, never following a symlink."""
     pend = os.path.join(spool, "pending")
-    os.makedirs(pend, mode=0o700, exist_ok=True)
-    name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"
-    tmp = os.path.join(pend, "." + name)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(req, f, default=str)
-    os.rename(tmp, os.path.join(pend, name))
+    try:
+        os.mkdir(pend, 0o700)
+    except FileExistsError:
+        pass
+    dfd = os.open(pend, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"
+        tmp = "." + name + ".tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
+                     dir_fd=dfd)
+        with os.fdopen(fd, "wb") as f:
+            f.write(protocol.encode({"v": protocol.VERSION, **req}))
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    finally:
+        os.close(dfd)
     return os.path.join(pend, name)
 
 
@@ -106,6 +176,7 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
     if segment_s is not None:
         cmd += ["--segment", repr(float(segment_s))]
     log_path = log_path or os.path.join(spool, "agent.log")
+    cmd += ["--log-file", log_path]  # rotated by the agent; stderr keeps only crashes
     try:
         logf = open(log_path, "ab")
     except OSError:

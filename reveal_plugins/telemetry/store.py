@@ -156,13 +156,18 @@ class SegmentWriter:
         seqs = [int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(self.dir)) if m]
         return max(seqs, default=0) + 1
 
-    def add(self, t: float, row: np.ndarray) -> None:
-        """Add one sample row (len == len(channels)); flushes when the segment is full."""
+    def add(self, t: float, row: np.ndarray, mono: float | None = None) -> None:
+        """Add one sample row (len == len(channels)); flushes when the segment is full.
+
+        ``t`` (wall clock) labels the row.  The agent passes ``mono`` (its monotonic clock): the
+        segment is full after ``segment_s`` of it, so a wall clock stepped back never stalls
+        flushing.  Without it (replays, synthetic runs) ``t`` measures the segment."""
+        mono = t if mono is None else mono
         if self._first_t is None:
-            self._first_t = t
+            self._first_t = mono
         self._t.append(t)
         self._rows.append(row)
-        if t - self._first_t >= self.segment_s - 1e-9:
+        if mono - self._first_t >= self.segment_s - 1e-9:
             self.flush()
 
     def flush(self) -> str | None:

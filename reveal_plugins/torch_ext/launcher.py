@@ -26,6 +26,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ..telemetry.client import AgentClient, AgentError
 from . import markers
 
 log = logging.getLogger(__name__)
@@ -291,28 +292,16 @@ class _Session:
         path = getattr(client, "socket_path", None)
         if not path or run is None:
             return False
-        lines = "".join(json.dumps({"op": "event", "run_id": run.run_id, **e}, default=str)
-                        + "\n" for e in events)
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(5.0)
         try:
-            s.connect(path)
-            s.sendall(lines.encode())
-            s.shutdown(socket.SHUT_WR)
-            buf = b""
-            while buf.count(b"\n") < len(events):
-                chunk = s.recv(65536)
-                if not chunk:
-                    break
-                buf += chunk
-        except OSError as e:
+            replies = AgentClient(path, timeout=5.0).batch(
+                [{"op": "event", "run_id": run.run_id, **e} for e in events])
+        except AgentError as e:
             log.debug("batched events not sent (%s)", e)
             return False
-        finally:
-            s.close()
-        bad = [r for r in buf.splitlines() if b'"ok": true' not in r and b'"ok":true' not in r]
+        bad = [r for r in replies if not r.get("ok")]
         if bad:
-            log.debug("agent refused %d of %d events: %s", len(bad), len(events), bad[0][:200])
+            log.debug("agent refused %d of %d events: %s", len(bad), len(events),
+                      str(bad[0].get("error"))[:200])
         return True
 
     def elastic(self, _event: str, _t: float, /, **fields: Any) -> None:

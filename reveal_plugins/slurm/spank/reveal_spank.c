@@ -158,9 +158,8 @@ static int queue_pending(const char *json)
 	size_t n = strlen(json);
 
 	snprintf(dir, sizeof(dir), "%s/pending", spool);
-	/* Same mode as the agent's: anyone may drop a request, only root/owner files count. */
-	if (mkdir(dir, 01733) == 0)
-		chmod(dir, 01733);
+	/* Same mode as the agent's (docs/protocol.md): only root queues requests. */
+	mkdir(dir, 0700);
 	dfd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
 	if (dfd < 0)
 		return -1;

@@ -1,0 +1,47 @@
+"""The agent protocol's constants and framing, shared by the agent and its one client.
+
+Specification: docs/protocol.md.  Standard library only: the Slurm hooks import this on a
+0.5 s budget, so nothing heavy (no numpy) may come in through here.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+VERSION = 1
+#: Longest request line the agent reads; a longer one is refused and the connection closed
+#: without reading the rest (it is never buffered whole).
+MAX_REQUEST = 256 * 1024
+#: Longest reply line a client reads (``status`` of a busy node stays far below).
+MAX_REPLY = 4 * 1024 * 1024
+#: A request line must be complete this many seconds after its first byte (slow-drip bound).
+REQUEST_DEADLINE_S = 5.0
+#: A connection with no request in progress is closed after this many idle seconds.
+IDLE_TIMEOUT_S = 10.0
+
+OPS = ("ping", "status", "register", "event", "unregister", "shutdown")
+
+
+class ProtocolError(ValueError):
+    """A line that is not a valid request or reply (the message says why)."""
+
+
+def encode(obj: dict[str, Any]) -> bytes:
+    """One message: a JSON object on one line.  ``default=str`` keeps odd field values
+    (paths, numpy scalars) from failing a request."""
+    return (json.dumps(obj, default=str, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes, what: str = "request") -> dict[str, Any]:
+    try:
+        obj = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"{what} is not JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"{what} must be a JSON object, not {type(obj).__name__}")
+    v = obj.get("v", VERSION)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        raise ProtocolError(f"{what} field v={v!r}: must be a protocol version >= 1")
+    if v > VERSION:
+        raise ProtocolError(f"{what} field v={v}: this side speaks protocol version {VERSION}")
+    return obj
