@@ -12,6 +12,7 @@ from typing import Any
 
 from .hooks import call_safely, get_plugin_manager
 from .telemetry import store
+from .telemetry.rundir import write_file
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
         report.setdefault("status_reason", None)
     data = json.dumps(report, indent=1, sort_keys=False, default=_json_default).encode()
     try:
-        store._atomic_write(os.path.join(run_dir, store.REPORT), data)
+        write_file(run_dir, store.REPORT, data)
     except OSError as e:
         log.error("cannot write %s: %s", os.path.join(run_dir, store.REPORT), e)
         report.setdefault("notes", []).append(f"report.json not written: {e}")
@@ -66,7 +67,9 @@ def report_for(target: str, reanalyze: bool = False) -> dict[str, Any]:
     if os.path.isfile(target):
         return load.read_report(target)
     path = os.path.join(target, store.REPORT)
-    if os.path.isfile(path) and not reanalyze:
+    if os.path.islink(path):    # written by us it never is: someone planted it, do not read it
+        log.warning("%s is a symlink; ignored (analysing the run instead)", path)
+    elif os.path.isfile(path) and not reanalyze:
         return load.read_report(path)
     try:
         rep = analyze_and_publish(target, publish=False)

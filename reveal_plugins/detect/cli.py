@@ -17,6 +17,26 @@ def _positive(s: str) -> float:
     return v
 
 
+def _check_writable_as_root(run_dir: str) -> None:
+    """As root, refuse up front a run directory that root does not own (a user's directory
+    may hold symlinks planted where report.json, otel.json... would be written): raises
+    RunDirError naming the directory and its owner.  ``reveal report DIR`` still shows the
+    analysis without writing anything there."""
+    import errno
+    import os
+
+    from ..telemetry.rundir import RunDirError, open_dir
+    if os.geteuid() != 0:
+        return
+    try:
+        os.close(open_dir(run_dir))
+    except RunDirError as e:
+        if e.errno not in (errno.EPERM, errno.ELOOP):
+            return          # missing, not a directory: read_meta says so in its own words
+        raise RunDirError(e.errno, f"{e.strerror}; or `reveal report {run_dir}` to see the "
+                          "analysis without writing") from None
+
+
 def analyze_main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="reveal analyze",
                                  description="Analyse a run directory, write report.json and "
@@ -29,6 +49,7 @@ def analyze_main(argv: list[str]) -> int:
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--no-publish", action="store_true", help="do not call the report sinks")
     args = ap.parse_args(argv)
+    from ..telemetry.rundir import RunDirError
     from ..telemetry.store import StoreError
     from .baseline import BaselineError
 
@@ -38,6 +59,7 @@ def analyze_main(argv: list[str]) -> int:
     if args.stride:
         cfg["stride_s"] = args.stride
     try:
+        _check_writable_as_root(args.run_dir)
         if args.baseline:   # fail early and clearly on a bad baseline file
             from .baseline import load
             load(args.baseline)
@@ -51,7 +73,7 @@ def analyze_main(argv: list[str]) -> int:
         else:  # pragma: no cover - the lead's module is part of the package
             from . import analyze
             report = analyze(args.run_dir, cfg, args.baseline)
-    except (StoreError, BaselineError, ValueError) as e:
+    except (StoreError, BaselineError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return 2
     failed = report.get("status") == "failed"

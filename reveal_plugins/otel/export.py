@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
+from ..telemetry.rundir import write_file
 from .config import OtelConfig
 
 log = logging.getLogger(__name__)
@@ -297,15 +298,14 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
 
 
 def write_status(run_dir: str, outcome: ExportOutcome) -> None:
-    """Record the outcome in ``<run_dir>/otel.json`` (best effort: a read-only run dir is fine)."""
-    path = os.path.join(run_dir, STATUS_FILE)
-    tmp = os.path.join(run_dir, "." + STATUS_FILE + ".tmp")
+    """Record the outcome in ``<run_dir>/otel.json`` (best effort: a read-only run dir is fine).
+
+    Written like every run-directory file (:func:`..telemetry.rundir.write_file`): never
+    through a symlink, and as root only into a directory root owns."""
     try:
-        with open(tmp, "w") as f:
-            json.dump(outcome.to_dict(), f, indent=1)
-        os.replace(tmp, path)
+        write_file(run_dir, STATUS_FILE, json.dumps(outcome.to_dict(), indent=1).encode())
     except OSError as e:
-        log.debug("cannot write %s: %s", path, e)
+        log.debug("cannot write %s: %s", os.path.join(run_dir, STATUS_FILE), e)
 
 
 def read_status(run_dir: str) -> dict[str, Any] | None:

@@ -12,6 +12,7 @@ import json
 import os
 import sys
 
+from ..telemetry.rundir import write_file
 from ..telemetry.store import StoreError
 from ..analysis import report_for
 from . import load
@@ -45,6 +46,21 @@ def _write(text: str, out: str | None) -> None:
     os.makedirs(d, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+def _write_into_run_dir(text: str, reports: list) -> str:
+    """The HTML page's default place: ``DIR/report.html`` of a single run, written like every
+    run-directory file (never through a symlink; as root only where root owns the directory),
+    else ``./report.html``.  Returns the path written."""
+    base = reports[0][1] if len(reports) == 1 and reports[0][1] else None
+    if base:
+        try:
+            return write_file(base, "report.html", text.encode("utf-8"), 0o644)
+        except OSError as e:
+            print(f"reveal report: not writing into the run directory: {e}; writing "
+                  "./report.html instead", file=sys.stderr)
+    _write(text, "report.html")
+    return "report.html"
 
 
 def collect(target: str, spool: str | None = None, reanalyze: bool = False,
@@ -91,10 +107,9 @@ def main(argv: list[str] | None = None) -> int:
             html = render_job_html(reports, job_id, progress=progress)
             out = args.out
             if out is None:
-                base = reports[0][1] if len(reports) == 1 and reports[0][1] else None
-                out = os.path.join(base, "report.html") if base and os.access(base, os.W_OK) \
-                    else "report.html"
-            _write(html, out)
+                out = _write_into_run_dir(html, reports)
+            else:
+                _write(html, out)
             if out != "-":
                 print(f"wrote {out} ({os.path.getsize(out) / 1024:.0f} KiB); open it in a "
                       "browser (works offline)", file=sys.stderr)

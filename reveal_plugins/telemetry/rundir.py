@@ -24,14 +24,17 @@ into a run directory afterwards (``write_file``).  The permission model, and why
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import grp
+import itertools
 import logging
 import os
 import pwd
 import stat
 import struct
 import time
+from typing import BinaryIO, Iterator
 
 log = logging.getLogger("reveal.rundir")
 
@@ -233,30 +236,72 @@ def create_run_dir(path: str, uid: int | None = None, gid: int | None = None, *,
     return os.path.join(os.path.realpath(spool), rel)
 
 
-def write_file(run_dir: str, name: str, data: bytes, mode: int = 0o640) -> str:
-    """Atomically write ``run_dir/name`` as root without following any symlink.
+def _owner(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
 
-    Used by root hooks (the Slurm summary sink) writing next to the agent's files.  The
-    directory is opened with ``O_NOFOLLOW``; the temporary file is created ``O_EXCL``
-    relative to it and renamed over ``name`` (a symlink planted at ``name`` is replaced,
-    never written through).
+
+def open_dir(path: str) -> int:
+    """Open the directory ``path`` for writing into it; return its descriptor.
+
+    The last component is never followed if it is a symlink.  As root the directory must be
+    owned by root and not group/other-writable (:class:`RunDirError` naming the directory and
+    its owner otherwise): a user who can write there could swap a name for a symlink between
+    root's check and root's write.
+    """
+    try:
+        dfd = os.open(path, _DIR_FLAGS)
+    except OSError as e:
+        raise RunDirError(e.errno, f"{path}: {e.strerror} (symlinks are not followed)") \
+            from None
+    if os.geteuid() == 0:
+        st = os.fstat(dfd)
+        if st.st_uid != 0 or st.st_mode & 0o022:
+            os.close(dfd)
+            raise RunDirError(errno.EPERM, (
+                f"{path}: owned by {_owner(st.st_uid)}, mode {stat.S_IMODE(st.st_mode):04o}; "
+                "as root, reveal writes only into directories owned by root and not "
+                "group/other-writable (a planted symlink could redirect the write) -- run "
+                "this as the directory's owner instead"))
+    return dfd
+
+
+_tmp_seq = itertools.count()
+
+
+@contextlib.contextmanager
+def atomic_file(directory: str | int, name: str, mode: int = 0o640, *,
+                sync: bool = True) -> Iterator[BinaryIO]:
+    """Yield a binary file that replaces ``directory/name`` atomically when the block ends.
+
+    The one way files are written into run directories (meta.json, segments, report.json,
+    otel.json, summary.txt), by root or not.  ``directory`` is a path (opened with
+    :func:`open_dir`) or an open directory descriptor.  The temporary file
+    ``.<name>.<pid>.<n>.tmp`` is created ``O_EXCL | O_NOFOLLOW`` relative to the directory,
+    its mode set through the descriptor (``fchmod``: the umask does not matter), and renamed
+    over ``name`` relative to the directory: a symlink planted at ``name`` is replaced, never
+    written through, and a reader sees the old or the new file, never a partial one.  With
+    ``sync`` the file is fsynced before the rename and the directory after it, so that after
+    a crash ``name`` is either the old or the complete new file (never empty).  On an error
+    inside the block the temporary file is removed and ``name`` is left as it was.
     """
     if "/" in name or name in ("", ".", ".."):
         raise ValueError(f"file name {name!r}: must be a plain name")
+    own = not isinstance(directory, int)
+    dfd = open_dir(directory) if own else directory
     try:
-        dfd = os.open(run_dir, _DIR_FLAGS)
-    except OSError as e:
-        raise RunDirError(e.errno, f"{run_dir}: {e.strerror} (symlinks are not followed)") \
-            from None
-    try:
-        if os.geteuid() == 0:
-            _check_trusted(dfd, run_dir, 0)
-        tmp = f".{name}.{os.getpid()}.tmp"
+        tmp = f".{name}.{os.getpid()}.{next(_tmp_seq)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                      mode, dir_fd=dfd)
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                os.fchmod(fd, mode)
+                yield f
+                f.flush()
+                if sync:
+                    os.fsync(fd)
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
         except BaseException:
             try:
@@ -264,6 +309,20 @@ def write_file(run_dir: str, name: str, data: bytes, mode: int = 0o640) -> str:
             except OSError:
                 pass
             raise
+        if sync:
+            os.fsync(dfd)
     finally:
-        os.close(dfd)
+        if own:
+            os.close(dfd)
+
+
+def write_file(run_dir: str, name: str, data: bytes, mode: int = 0o640, *,
+               sync: bool = True) -> str:
+    """Atomically write ``run_dir/name`` (see :func:`atomic_file`); return the path.
+
+    Used for every whole-file write into a run directory; as root it refuses a directory that
+    root does not own (:func:`open_dir`).
+    """
+    with atomic_file(run_dir, name, mode, sync=sync) as f:
+        f.write(data)
     return os.path.join(run_dir, name)

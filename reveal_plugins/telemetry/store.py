@@ -7,8 +7,9 @@ A run directory holds::
     segments/seg-NNNNNN.parquet   telemetry, Parquet + zstd, at most ~10 s each
     report.json      after analysis
 
-A segment is written under a temporary name (``.seg-NNNNNN.parquet.tmp``) and renamed when
-complete, so a crash loses at most the open segment.  Segments are change logs (see
+Every file is written under a temporary name (``.<name>.<pid>.<n>.tmp``), fsynced, and renamed
+when complete, then the directory is fsynced (:func:`.rundir.atomic_file`), so a crash loses at
+most the open segment and ``meta.json`` is never empty or partial.  Segments are change logs (see
 :class:`SegmentWriter`); :func:`read_segment` turns one back into a dense frame.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ..types import ChannelMeta, Frame, RunInfo
+from .rundir import atomic_file, open_dir, write_file
 
 log = logging.getLogger(__name__)
 
@@ -42,24 +44,9 @@ class StoreError(RuntimeError):
     """A run directory cannot be written or read; the message names the path."""
 
 
-def _atomic_write(path: str, data: bytes, mode: int = 0o640) -> None:
-    tmp = os.path.join(os.path.dirname(path), "." + os.path.basename(path) + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    os.replace(tmp, path)
-
-
 def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
-    _atomic_write(os.path.join(run_dir, META),
-                  json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
+    """Replace ``meta.json`` atomically and durably (readers never see it empty or partial)."""
+    write_file(run_dir, META, json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
 
 
 def read_meta(run_dir: str) -> dict[str, Any]:
@@ -77,11 +64,18 @@ def read_meta(run_dir: str) -> dict[str, Any]:
 
 
 def append_event(run_dir: str, event: str, t: float | None = None, **fields: Any) -> dict:
-    """Append one lifecycle event to ``events.jsonl`` (one write, so lines never interleave)."""
+    """Append one lifecycle event to ``events.jsonl`` (one write, so lines never interleave).
+
+    Not fsynced (events can come many a second); a crash may lose the last lines, which
+    :func:`read_events` then skips if cut short."""
     rec = {"t": time.time() if t is None else float(t), "event": event, **fields}
     line = (json.dumps(rec, sort_keys=True, default=str) + "\n").encode()
-    fd = os.open(os.path.join(run_dir, EVENTS),
-                 os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
+    dfd = open_dir(run_dir)   # as root: only into a directory root owns, never via a symlink
+    try:
+        fd = os.open(EVENTS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o640, dir_fd=dfd)
+    finally:
+        os.close(dfd)
     try:
         os.write(fd, line)
     finally:
@@ -133,13 +127,14 @@ class SegmentWriter:
     """
 
     def __init__(self, run_dir: str, channels: list[ChannelMeta], segment_s: float = 10.0,
-                 file_mode: int = 0o640):
+                 file_mode: int = 0o640, sync: bool = True):
         self.run_dir = run_dir
         self.dir = os.path.join(run_dir, SEGMENTS)
         os.makedirs(self.dir, mode=0o750, exist_ok=True)
         self.channels = channels
         self.segment_s = segment_s
         self.file_mode = file_mode
+        self.sync = sync          # fsync each segment and the directory (benchmarks turn it off)
         self._t: list[float] = []
         self._rows: list[np.ndarray] = []
         self._first_t: float | None = None
@@ -188,25 +183,17 @@ class SegmentWriter:
             [pa.DictionaryArray.from_arrays(pa.array(codes), self._names), pa.array(times),
              pa.array(vals)], schema=self.schema)
         name = f"seg-{self.seq:06d}.parquet"
-        final = os.path.join(self.dir, name)
-        tmp = os.path.join(self.dir, "." + name + ".tmp")
-        try:
-            pq.write_table(table, tmp, compression="zstd", compression_level=6,
+        with atomic_file(self.dir, name, self.file_mode, sync=self.sync) as f:
+            pq.write_table(table, f, compression="zstd", compression_level=6,
                            use_dictionary=["channel"], write_statistics=False,
                            column_encoding={"t_ms": "DELTA_BINARY_PACKED",
                                             "value": "BYTE_STREAM_SPLIT"})
-            os.chmod(tmp, self.file_mode)
-            os.replace(tmp, final)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
+            f.flush()
+            size = os.fstat(f.fileno()).st_size
         self.seq += 1
-        self.bytes_written += os.path.getsize(final)
+        self.bytes_written += size
         self.samples_written += n
-        return final
+        return os.path.join(self.dir, name)
 
 
 def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
