@@ -58,6 +58,7 @@ static char spool[PATH_MAX - 64] = "/var/spool/reveal";
 static int timeout_ms = 300;
 static char hooks_dir[PATH_MAX - 64] = "";
 static char timing_file[PATH_MAX - 64] = "";   /* benchmarks: per-job hook wall times */
+static int disabled = 0;             /* bad plugstack.conf arguments: do nothing, fail nothing */
 static int step_recorded = 0;
 static int have_exit = 0;
 static int step_exit = 0;
@@ -99,8 +100,26 @@ static struct spank_option reveal_option = {
 	2, 0, reveal_opt_cb
 };
 
+/* An absolute path, shorter than n, with no "." or ".." component and no empty file name. */
+static int path_ok(const char *v, size_t n)
+{
+	const char *c;
+
+	if (v[0] != '/' || strlen(v) >= n || v[strlen(v) - 1] == '/')
+		return 0;
+	for (c = v; *c; c++) {
+		if (c[0] == '/' && c[1] == '.' && (c[2] == '/' || c[2] == '\0' ||
+		    (c[2] == '.' && (c[3] == '/' || c[3] == '\0'))))
+			return 0;
+	}
+	return 1;
+}
+
+/* Every bad argument is reported (not only the first); -1 if there was any. */
 static int parse_args(int ac, char **av)
 {
+	int bad = 0;
+
 	for (int i = 0; i < ac; i++) {
 		if (strncmp(av[i], "spool=", 6) == 0) {
 			const char *v = av[i] + 6;
@@ -110,7 +129,8 @@ static int parse_args(int ac, char **av)
 				slurm_error("reveal: plugstack.conf argument '%s': spool must be an "
 					    "absolute path of [A-Za-z0-9/_.-+] shorter than %zu", av[i],
 					    sizeof(spool));
-				return -1;
+				bad = 1;
+				continue;
 			}
 			snprintf(spool, sizeof(spool), "%s", v);
 		} else if (strncmp(av[i], "default=", 8) == 0) {
@@ -118,7 +138,8 @@ static int parse_args(int ac, char **av)
 			if (m == MODE_UNSET) {
 				slurm_error("reveal: plugstack.conf argument '%s': expected "
 					    "default=off|on|live", av[i]);
-				return -1;
+				bad = 1;
+				continue;
 			}
 			default_mode = m;
 		} else if (strncmp(av[i], "hooks=", 6) == 0) {
@@ -126,26 +147,36 @@ static int parse_args(int ac, char **av)
 			if (v[0] != '/' || strlen(v) >= sizeof(hooks_dir)) {
 				slurm_error("reveal: plugstack.conf argument '%s': hooks must be an "
 					    "absolute directory", av[i]);
-				return -1;
+				bad = 1;
+				continue;
 			}
 			snprintf(hooks_dir, sizeof(hooks_dir), "%s", v);
-		} else if (strncmp(av[i], "timing=", 7) == 0 && av[i][7] == '/') {
-			snprintf(timing_file, sizeof(timing_file), "%s", av[i] + 7);
+		} else if (strncmp(av[i], "timing=", 7) == 0) {
+			const char *v = av[i] + 7;
+			if (!path_ok(v, sizeof(timing_file))) {
+				slurm_error("reveal: plugstack.conf argument '%s': timing must be an "
+					    "absolute file path without '..' components, shorter than "
+					    "%zu", av[i], sizeof(timing_file));
+				bad = 1;
+				continue;
+			}
+			snprintf(timing_file, sizeof(timing_file), "%s", v);
 		} else if (strncmp(av[i], "timeout_ms=", 11) == 0) {
 			int t = atoi(av[i] + 11);
 			if (t < 10 || t > 10000) {
 				slurm_error("reveal: plugstack.conf argument '%s': timeout_ms must be "
 					    "between 10 and 10000", av[i]);
-				return -1;
+				bad = 1;
+				continue;
 			}
 			timeout_ms = t;
 		} else {
 			slurm_error("reveal: unknown plugstack.conf argument '%s' (known: spool=, "
-				    "default=, timeout_ms=, hooks=)", av[i]);
-			return -1;
+				    "default=, timeout_ms=, hooks=, timing=)", av[i]);
+			bad = 1;
 		}
 	}
-	return 0;
+	return bad ? -1 : 0;
 }
 
 /* Write a request into <spool>/pending/ without following any symlink. */
@@ -269,8 +300,14 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t ctx = spank_context();
 
-	if (parse_args(ac, av) < 0)
-		return ctx == S_CTX_REMOTE ? 0 : -1;
+	/* Never -1: with a "required" plugstack.conf line that would refuse every srun, sbatch
+	 * and salloc on the cluster over a typo.  The option is still registered, so job scripts
+	 * using --reveal keep working while the plugin does nothing. */
+	if (parse_args(ac, av) < 0) {
+		slurm_error("reveal: plugin disabled: bad plugstack.conf arguments (see above); "
+			    "jobs run without Reveal telemetry");
+		disabled = 1;
+	}
 	if (ctx == S_CTX_LOCAL || ctx == S_CTX_ALLOCATOR || ctx == S_CTX_REMOTE) {
 		if (spank_option_register(sp, &reveal_option) != ESPANK_SUCCESS)
 			slurm_error("reveal: cannot register the --reveal option");
@@ -285,7 +322,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	char extra[64];
 
 	(void) ac; (void) av;
-	if (spank_context() != S_CTX_REMOTE)
+	if (spank_context() != S_CTX_REMOTE || disabled)
 		return 0;
 	mode = opt_mode == MODE_UNSET ? default_mode : opt_mode;
 	if (spank_get_item(sp, S_JOB_ID, &job_id) != ESPANK_SUCCESS ||
@@ -372,17 +409,50 @@ static double process_age(void)
 	return up - (double) start / (double) sysconf(_SC_CLK_TCK);
 }
 
+/* Append one line to timing= (benchmarks).  Written as root, so: the parent directory must be
+ * root-owned and not group/other-writable (nobody else can swap the name), and the file is
+ * opened relative to it with O_NOFOLLOW, mode 0600, and must be a regular file. */
 static void record_timing(const char *hook, uint32_t jid)
 {
-	FILE *f;
+	char dir[sizeof(timing_file)], line[96];
+	const char *base;
+	struct stat st;
+	int dfd, fd, n;
 
 	if (!timing_file[0])
 		return;
-	f = fopen(timing_file, "a");
-	if (!f)
+	snprintf(dir, sizeof(dir), "%s", timing_file);
+	base = strrchr(timing_file, '/') + 1;
+	dir[base - timing_file - 1] = '\0';
+	dfd = open(dir[0] ? dir : "/", O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (dfd < 0) {
+		slurm_error("reveal: timing=%s: cannot open its directory: %m", timing_file);
 		return;
-	fprintf(f, "%s %u %ld 0\n", hook, jid, (long) (process_age() * 1e6));
-	fclose(f);
+	}
+	if (fstat(dfd, &st) < 0 || st.st_uid != 0 || (st.st_mode & 022)) {
+		slurm_error("reveal: timing=%s: refused: its directory is owned by uid %u, mode "
+			    "%04o (must be root-owned, not group/other-writable)", timing_file,
+			    (unsigned) st.st_uid, (unsigned) (st.st_mode & 07777));
+		close(dfd);
+		return;
+	}
+	fd = openat(dfd, base, O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_CLOEXEC | O_NONBLOCK,
+		    0600);
+	close(dfd);
+	if (fd < 0) {
+		slurm_error("reveal: timing=%s: %m (symlinks are not followed)", timing_file);
+		return;
+	}
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
+		slurm_error("reveal: timing=%s: not a regular file; not written", timing_file);
+		close(fd);
+		return;
+	}
+	n = snprintf(line, sizeof(line), "%s %u %ld 0\n", hook, jid,
+		     (long) (process_age() * 1e6));
+	if (n > 0 && write(fd, line, (size_t) n) != n)
+		slurm_error("reveal: timing=%s: write failed: %m", timing_file);
+	close(fd);
 }
 
 /* Copy a value that goes into JSON; anything outside a safe set makes it empty. */
@@ -403,6 +473,36 @@ static void safe_copy(char *dst, size_t n, const char *src)
 		dst[i] = (char) c;
 	}
 	dst[i] = '\0';
+}
+
+/* "0,1" -> "[0,1]"; entries that are not plain indices ("", "a", "GPU-<uuid>", over 6
+ * digits) are skipped, so "0,,1" gives [0,1] and "," gives null: always valid JSON. */
+static void gpu_list_json(char *dst, size_t n, const char *list)
+{
+	size_t len = 0;
+	int count = 0;
+	const char *p = list;
+
+	dst[0] = '\0';
+	while (p && *p) {
+		const char *end = strchr(p, ',');
+		size_t k = end ? (size_t) (end - p) : strlen(p), j;
+		int ok = k > 0 && k <= 6;
+
+		for (j = 0; ok && j < k; j++)
+			ok = isdigit((unsigned char) p[j]);
+		if (ok && len + k + 3 < n) {
+			int w = snprintf(dst + len, n - len, "%s%d", count ? "," : "[",
+					 atoi(p));   /* atoi: "007" -> 7, valid JSON */
+			len += (size_t) w;
+			count++;
+		}
+		p = end ? end + 1 : NULL;
+	}
+	if (count)
+		snprintf(dst + len, n - len, "]");
+	else
+		snprintf(dst, n, "null");
 }
 
 static void node_name(char *dst, size_t n)
@@ -485,13 +585,7 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	safe_copy(gpus, sizeof(gpus), getenv("SLURM_JOB_GPUS"));
 	if (gpus[0] == '\0')
 		safe_copy(gpus, sizeof(gpus), getenv("CUDA_VISIBLE_DEVICES"));
-	for (char *c = gpus; *c; c++)
-		if (!isdigit((unsigned char) *c) && *c != ',')
-			gpus[0] = '\0';
-	if (gpus[0])
-		snprintf(gpus_json, sizeof(gpus_json), "[%s]", gpus);
-	else
-		snprintf(gpus_json, sizeof(gpus_json), "null");
+	gpu_list_json(gpus_json, sizeof(gpus_json), gpus);
 	safe_copy(part, sizeof(part), getenv("SLURM_JOB_PARTITION"));
 	if (host[0] == '\0') {
 		slurm_error("reveal: job_prolog: unusable node name; job %u not recorded", jid);
