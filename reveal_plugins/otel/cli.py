@@ -18,7 +18,8 @@ import os
 import sys
 from typing import Any
 
-from .config import OtelConfigError, config_file_path, load_config, parse_headers
+from .config import (OtelConfigError, config_file_path, load_config, parse_headers,
+                     redact_url)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -166,7 +167,9 @@ def config_main() -> int:
         return 2
     d = {k: v for k, v in vars(cfg).items()}
     d["headers"] = {k: "***" for k in cfg.headers}  # header values are often credentials
-    d["traces_url"] = cfg.signal_endpoint("traces") if cfg.enabled else None
+    for k in ("endpoint", "traces_endpoint", "metrics_endpoint"):
+        d[k] = redact_url(d[k]) if d[k] else d[k]
+    d["traces_url"] = redact_url(cfg.signal_endpoint("traces")) if cfg.enabled else None
     d["config_file"] = config_file_path()
     print(json.dumps(d, indent=1, sort_keys=True))
     return 0

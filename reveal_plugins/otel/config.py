@@ -17,7 +17,9 @@ naming the file or variable, the key and the value.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -31,6 +33,36 @@ DEFAULT_GRPC_PORT = 4317
 
 class OtelConfigError(ValueError):
     """A configuration value is wrong; the message names where it came from, key and value."""
+
+
+# -- credentials never leave in logs or otel.json ------------------------------------------
+
+REDACTED = "***"
+#: Header (and URL query parameter) names whose values are credentials.
+SENSITIVE_NAME = re.compile(r"auth|token|key|secret|pass|cookie|credential|signature", re.I)
+
+
+def sensitive(name: str) -> bool:
+    return bool(SENSITIVE_NAME.search(name))
+
+
+def redact_url(url: str) -> str:
+    """``https://user:pass@host/p?api_key=x`` -> ``https://***@host/p?api_key=***``."""
+    try:
+        u = urllib.parse.urlsplit(url)
+    except ValueError:
+        return re.sub(r"(?<=//)[^/?#]*@", REDACTED + "@", url)
+    netloc = u.netloc
+    if "@" in netloc:
+        netloc = REDACTED + "@" + netloc.rpartition("@")[2]
+    query = "&".join(
+        (f"{k}={REDACTED}" if sensitive(urllib.parse.unquote_plus(k)) else f"{k}{eq}{x}")
+        for k, eq, x in (p.partition("=") for p in u.query.split("&"))) if u.query else ""
+    return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
+
+
+def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: REDACTED if sensitive(k) else v for k, v in headers.items()}
 
 
 @dataclass
@@ -63,8 +95,36 @@ class OtelConfig:
 
     @property
     def display_endpoint(self) -> str:
-        """The endpoint traces go to, for log lines."""
-        return self.signal_endpoint("traces") if self.enabled else "(export off)"
+        """The endpoint traces go to, for log lines (credentials redacted)."""
+        return redact_url(self.signal_endpoint("traces")) if self.enabled else "(export off)"
+
+    def secrets(self) -> list[str]:
+        """The credential strings of this configuration (URL user info, sensitive query
+        values, sensitive header values), longest first: what :meth:`redact` removes."""
+        out: set[str] = set()
+        for url in (self.endpoint, self.traces_endpoint, self.metrics_endpoint):
+            if not url:
+                continue
+            u = urllib.parse.urlsplit(url)
+            if "@" in u.netloc:
+                info = u.netloc.rpartition("@")[0]
+                user, colon, pw = info.partition(":")
+                out.update((info, pw) if colon else (info,))   # no password: user is a token
+            for k, _, x in (p.partition("=") for p in u.query.split("&")):
+                if x and sensitive(urllib.parse.unquote_plus(k)):
+                    out.add(x)
+        out.update(v for k, v in self.headers.items() if v and sensitive(k))
+        out |= {urllib.parse.unquote(x) for x in out} | {urllib.parse.quote(x) for x in out}
+        out.update(p for v in list(out) for p in v.split() if len(p) >= 8)   # "Bearer <tok>"
+        return sorted((x for x in out if len(x) >= 3), key=len, reverse=True)
+
+    def redact(self, text: str | None) -> str | None:
+        """``text`` (an error message, a log line) with every credential replaced by ***."""
+        if not text:
+            return text
+        for x in self.secrets():
+            text = text.replace(x, REDACTED)
+        return re.sub(r"(?<=//)[^/\s@'\"]+@", REDACTED + "@", text)
 
     def signal_endpoint(self, signal: str) -> str:
         """URL (http) or target (grpc) for ``signal`` in ``traces`` | ``metrics``."""
@@ -99,20 +159,30 @@ def _bool(where: str, key: str, v: Any) -> bool:
     raise OtelConfigError(f"{where}: {key} = {v!r}: expected true or false")
 
 
-def _float(where: str, key: str, v: Any, minimum: float = 0.0) -> float:
+#: Upper bound of every number option: a day (seconds) or a million (counts).  ``inf`` or a
+#: huge value would make a wait never end or raise OverflowError deep inside threading.
+MAX_NUMBER = 86400.0
+
+
+def _float(where: str, key: str, v: Any, minimum: float = 0.0,
+           maximum: float = MAX_NUMBER) -> float:
     try:
         f = float(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         raise OtelConfigError(f"{where}: {key} = {v!r}: expected a number") from None
+    if not math.isfinite(f):
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be a finite number")
     if not f > minimum:
         raise OtelConfigError(f"{where}: {key} = {v!r}: must be greater than {minimum:g}")
+    if f > maximum:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be at most {maximum:g}")
     return f
 
 
 def _env_timeout(name: str, raw: str) -> float:
     """``OTEL_EXPORTER_OTLP_TIMEOUT`` is milliseconds by the OTel specification; older Python
     SDKs read it as seconds, so a value of at most 60 is taken as seconds."""
-    f = _float(f"environment variable {name}", name, raw)
+    f = _float(f"environment variable {name}", name, raw, maximum=MAX_NUMBER * 1000)
     return f if f <= 60 else f / 1000.0
 
 
@@ -128,13 +198,15 @@ def _protocol(where: str, key: str, v: Any) -> str:
 
 def _endpoint(where: str, key: str, v: Any) -> str:
     s = str(v).strip()
-    u = urllib.parse.urlsplit(s)
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise OtelConfigError(f"{where}: {key} = {v!r}: expected a URL like http://collector:4318")
+    shown = redact_url(s)
     try:
+        u = urllib.parse.urlsplit(s)
         u.port
     except ValueError:
-        raise OtelConfigError(f"{where}: {key} = {v!r}: bad port") from None
+        raise OtelConfigError(f"{where}: {key} = {shown!r}: bad port or address") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise OtelConfigError(f"{where}: {key} = {shown!r}: expected a URL like "
+                              "http://collector:4318")
     return s
 
 
@@ -143,15 +215,19 @@ def parse_headers(where: str, key: str, v: Any) -> dict[str, str]:
     if isinstance(v, Mapping):
         return {str(k).strip().lower(): str(x) for k, x in v.items()}
     out: dict[str, str] = {}
-    for part in str(v).split(","):
+    for n, part in enumerate(str(v).split(","), 1):
         if not part.strip():
             continue
         if "=" not in part:
-            raise OtelConfigError(f"{where}: {key} = {v!r}: header {part.strip()!r} is not key=value")
+            # Never echo the text: it is likely "authorization: Bearer <token>".
+            name = re.split(r"[\s:]", part.strip(), maxsplit=1)[0][:40]
+            raise OtelConfigError(f"{where}: {key}: entry {n} (starting {name!r}) is not "
+                                  "key=value (values are not shown: they are often "
+                                  "credentials)")
         k, _, x = part.partition("=")
         k = urllib.parse.unquote(k).strip().lower()
         if not k:
-            raise OtelConfigError(f"{where}: {key} = {v!r}: empty header name")
+            raise OtelConfigError(f"{where}: {key}: entry {n} has an empty header name")
         out[k] = urllib.parse.unquote(x).strip()
     return out
 
@@ -216,7 +292,7 @@ def _apply(cfg: OtelConfig, where: str, values: Mapping[str, Any]) -> None:
         elif key in ("timeout_s", "budget_s", "metrics_interval_s"):
             setattr(cfg, key, _float(w, key, v))
         elif key in ("max_evidence", "max_anomalies"):
-            setattr(cfg, key, int(_float(w, key, v)))
+            setattr(cfg, key, int(_float(w, key, v, maximum=1e6)))
         elif key == "compression":
             c = str(v).strip().lower()
             if c not in COMPRESSIONS:

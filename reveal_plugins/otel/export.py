@@ -22,7 +22,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
 from ..telemetry.rundir import write_file
-from .config import OtelConfig
+from .config import OtelConfig, redact_url
 
 log = logging.getLogger(__name__)
 
@@ -174,6 +174,46 @@ def _capture_off() -> list[str]:
         return msgs
 
 
+class _RedactFilter(logging.Filter):
+    """Masks known credentials in the HTTP libraries' own records (urllib3 logs each request
+    line, query string included, at DEBUG)."""
+
+    secrets: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.secrets:
+            try:
+                msg = record.getMessage()
+            except Exception:  # a malformed record: leave it to logging
+                return True
+            red = msg
+            for x in self.secrets:
+                red = red.replace(x, "***")
+            if red != msg:
+                record.msg, record.args = red, ()
+        return True
+
+
+_redact_filter = _RedactFilter()
+_REDACTED_LOGGERS = ("urllib3.connectionpool", "urllib3.util.retry", "requests",
+                     "grpc._channel", "grpc._cython.cygrpc")
+
+
+def guard_logs(cfg: OtelConfig) -> None:
+    """Before an export with ``cfg``: make sure the libraries' log records cannot carry its
+    credentials (the filter is installed once; later configs add their secrets)."""
+    new = [x for x in cfg.secrets() if x not in _redact_filter.secrets]
+    if not new:
+        return
+    with _warned_lock:
+        _redact_filter.secrets = sorted(set(_redact_filter.secrets) | set(new), key=len,
+                                        reverse=True)
+        for name in _REDACTED_LOGGERS:
+            lg = logging.getLogger(name)
+            if _redact_filter not in lg.filters:
+                lg.addFilter(_redact_filter)
+
+
 def warn_once(endpoint: str, message: str) -> bool:
     """Log ``message`` once per endpoint and process; True when it was logged."""
     with _warned_lock:
@@ -213,7 +253,8 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
     they succeed after the caller returned, ``on_late`` gets the final outcome.
     """
     t0 = time.monotonic()
-    endpoint = cfg.signal_endpoint("traces")
+    guard_logs(cfg)
+    endpoint = redact_url(cfg.signal_endpoint("traces"))   # for logs and otel.json only
     wait = budget_s if budget_s is not None else cfg.timeout_s
     trace_id = format(spans[0].context.trace_id, "032x") if spans else ""
     box: dict[str, Any] = {}
@@ -237,7 +278,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
                 error = f"no answer within {wait:g} s"
         return ExportOutcome(ok=ok, finished=finished, seconds=round(time.monotonic() - t0, 4),
                              spans=len(spans), endpoint=endpoint, protocol=cfg.protocol,
-                             trace_id=trace_id, error=error, t=time.time())
+                             trace_id=trace_id, error=cfg.redact(error), t=time.time())
 
     def work() -> None:
         _capture_on(on_error)

@@ -36,8 +36,9 @@ from opentelemetry.semconv._incubating.metrics import hw_metrics as hw
 from opentelemetry.semconv._incubating.metrics import system_metrics as sysm
 
 from .. import __version__
-from .config import OtelConfig
-from .export import _capture_off, _capture_on, _reason, _warned, _warned_lock, warn_once
+from .config import OtelConfig, redact_url
+from .export import (_capture_off, _capture_on, _reason, _warned, _warned_lock, guard_logs,
+                     warn_once)
 
 log = logging.getLogger(__name__)
 
@@ -96,11 +97,13 @@ class _OnceLoggingExporter(MetricExporter):
     """Delegates to an OTLP metric exporter; a failing backend is logged once per endpoint
     (not every interval), and a recovery re-arms the warning."""
 
-    def __init__(self, inner: MetricExporter, endpoint: str):
+    def __init__(self, inner: MetricExporter, endpoint: str,
+                 redact: Callable[[str], str] = lambda s: s):
         super().__init__(preferred_temporality=inner._preferred_temporality,
                          preferred_aggregation=inner._preferred_aggregation)
         self.inner = inner
-        self.endpoint = endpoint
+        self.endpoint = endpoint          # credentials already redacted
+        self.redact = redact
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
         _capture_on()
@@ -116,7 +119,8 @@ class _OnceLoggingExporter(MetricExporter):
                 _warned.discard(self.endpoint)
         else:
             warn_once(self.endpoint, f"OpenTelemetry metrics export to {self.endpoint} failed: "
-                                     f"{err or _reason(msgs)} (further failures not logged)")
+                                     f"{self.redact(err or _reason(msgs))} (further failures "
+                                     "not logged)")
         return result
 
     def force_flush(self, timeout_millis: float = 10_000) -> bool:
@@ -137,7 +141,8 @@ def make_metric_exporter(cfg: OtelConfig) -> MetricExporter:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         inner = OTLPMetricExporter(endpoint=endpoint, certificate_file=cfg.certificate,
                                    headers=dict(cfg.headers), timeout=timeout)
-    return _OnceLoggingExporter(inner, endpoint)
+    guard_logs(cfg)
+    return _OnceLoggingExporter(inner, redact_url(endpoint), cfg.redact)
 
 
 class LiveMetrics:

@@ -57,7 +57,8 @@ def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, 
             log.info("run exported to %s as trace %s (%d spans, %.3f s)", outcome.endpoint,
                      outcome.trace_id, outcome.spans, outcome.seconds)
     except Exception as e:  # a malformed report, a missing optional package
-        log.warning("OpenTelemetry export of %s skipped: %s: %s", run_dir, type(e).__name__, e)
+        log.warning("OpenTelemetry export of %s skipped: %s: %s", run_dir, type(e).__name__,
+                    cfg.redact(str(e)))
     return None
 
 
