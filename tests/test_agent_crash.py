@@ -7,6 +7,7 @@ forked from this process (imports already done) so 50 crashes take seconds, not 
 import json
 import os
 import random
+import select
 import signal
 import time
 
@@ -14,12 +15,13 @@ from reveal_plugins.telemetry import store
 from reveal_plugins.telemetry.finalize import finalize_orphan
 
 
-def _agent_child(spool: str, run_dir: str) -> None:
+def _agent_child(spool: str, run_dir: str, ready: int) -> None:
     from reveal_plugins.telemetry.agent import Agent
     from reveal_plugins.types import RunInfo
     try:
         a = Agent(spool, interval_s=0.01, segment_s=0.05)
         a.register(RunInfo(run_id="r", source="test", run_dir=run_dir))
+        os.write(ready, b"r")
         a._sampling_loop()  # until killed
     finally:
         os._exit(1)
@@ -31,9 +33,17 @@ def test_kill9_at_random_moments_loses_only_the_open_segment(tmp_path):
     os.makedirs(spool)
     kills = 0
     for _ in range(50):
+        r, w = os.pipe()
         pid = os.fork()
         if pid == 0:
-            _agent_child(spool, run_dir)
+            os.close(r)
+            _agent_child(spool, run_dir, w)
+        os.close(w)
+        # The random moment is counted from the end of registration: a cold machine (CI's
+        # first test) spends longer than the whole window discovering probes.
+        ready = select.select([r], [], [], 60)[0]
+        os.close(r)
+        assert ready, "the forked agent did not register within 60 s"
         time.sleep(rng.uniform(0.02, 0.3))
         os.kill(pid, signal.SIGKILL)
         os.waitpid(pid, 0)
@@ -54,3 +64,58 @@ def test_kill9_at_random_moments_loses_only_the_open_segment(tmp_path):
     assert finalize_orphan(run_dir, 137, "epilog") is None  # once closed, left alone
     run = store.load_run(run_dir)
     assert len(run.frame.t) > 100
+
+
+def test_a_restarted_agent_adopts_the_runs_left_open(tmp_path):
+    """kill -9 of a root-style agent mid-job; the next agent resumes the job's run in the same
+    directory (start and open step kept, an ``agent_restart`` event), and closes it later."""
+    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.types import RunInfo
+    spool = str(tmp_path / "spool")
+    run_dir = os.path.join(spool, "jobs", "42", "n")
+    os.makedirs(spool)
+    pid = os.fork()
+    if pid == 0:
+        try:
+            a = Agent(spool, interval_s=0.02, segment_s=0.2)
+            a.host = "n"
+            a.register(RunInfo(run_id="slurm-42", source="slurm", job_id="42", run_dir=run_dir))
+            a.event("slurm-42", "step_start", step_id="0")
+            a._sampling_loop()
+        finally:
+            os._exit(1)
+    time.sleep(1.5)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    start = store.read_meta(run_dir)["start"]
+    b = Agent(spool, interval_s=0.1)
+    b.host = "n"
+    b.start()
+    try:
+        assert "slurm-42" in b._runs
+        time.sleep(1.0)
+        b.unregister("slurm-42", 0)
+    finally:
+        b.stop()
+    meta = store.read_meta(run_dir)
+    assert meta["start"] == start and meta["end"] is not None and meta["restarts"] == 1
+    assert [s["step_id"] for s in meta["steps"]] == ["0"] and meta["steps"][0]["end"]
+    events = [e["event"] for e in store.read_events(run_dir)]
+    assert events.count("run_start") == 1 and "agent_restart" in events
+
+
+def test_old_job_directories_are_pruned_and_open_ones_kept(tmp_path):
+    from reveal_plugins.telemetry.agent import Agent
+    spool = tmp_path / "spool"
+    now = time.time()
+    for job, end in (("1", now - 40 * 86400), ("2", now - 86400), ("3", None)):
+        d = spool / "jobs" / job / "n"
+        d.mkdir(parents=True)
+        store.write_meta(str(d), {"schema": store.META_SCHEMA, "run": {}, "channels": [],
+                                  "start": now - 50 * 86400, "end": end})
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, spool / "jobs" / "1" / "n" / "link")
+    a = Agent(str(spool), interval_s=0.5, config={"retention_days": 30})
+    assert a.prune_old_jobs() == ["1"]
+    assert sorted(os.listdir(spool / "jobs")) == ["2", "3"] and victim.read_text() == "keep"

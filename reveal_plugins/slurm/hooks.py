@@ -344,6 +344,9 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
                                      "the analysis waits for it", job)
         else:
             orphan = True
+            # A later agent adopts the runs left open in the spool; the queued unregister
+            # then closes this one instead of sampling a finished job.
+            queue_pending(spool, req)
             log("epilog", "ERROR", f"{e}: the agent died or never ran for this job; closing "
                                    f"the run and analysing what is on disk in {run_dir}", job)
     if cfg.analysis == "off":

@@ -192,6 +192,76 @@ class Agent:
             return [st.run for st in self._runs.values()]
 
     # -- run registry ---------------------------------------------------------------------
+    def prune_old_jobs(self, now: float | None = None) -> list[str]:
+        """Remove ``<spool>/jobs/<job>`` once every run in it ended more than
+        ``retention_days`` ago (config, default 30; 0 keeps everything).  ``shutil.rmtree``
+        works on directory descriptors here and never follows a planted symlink."""
+        import shutil
+        days = float(self.config.get("retention_days", 30))
+        if days <= 0:
+            return []
+        cutoff = (time.time() if now is None else now) - days * 86400
+        jobs = os.path.join(self.spool, "jobs")
+        removed = []
+        try:
+            names = os.listdir(jobs)
+        except OSError:
+            return removed
+        open_ids = {st.run.job_id for st in self._runs.values()}
+        for job in names:
+            d = os.path.join(jobs, job)
+            if job in open_ids or os.path.islink(d) or not os.path.isdir(d):
+                continue
+            try:
+                ends = [store.read_meta(os.path.join(d, h)).get("end") for h in os.listdir(d)]
+            except Exception:
+                continue  # unreadable or torn: an operator should look, not the agent delete
+            if ends and all(e is not None and e < cutoff for e in ends):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(job)
+        if removed:
+            log.info("removed %d job directories older than %g days", len(removed), days)
+        return removed
+
+    def adopt_open_runs(self) -> list[str]:
+        """Resume the runs a dead agent of this spool left open (``<spool>/jobs/<job>/<host>``
+        with ``end`` unset): sampling goes on into the same directory, start and steps kept,
+        an ``agent_restart`` event marks the gap.  Called once the spool lock is ours, so no
+        other agent can be writing them."""
+        adopted = []
+        jobs = os.path.join(self.spool, "jobs")
+        try:
+            job_dirs = sorted(os.listdir(jobs))
+        except OSError:
+            return adopted
+        for job in job_dirs:
+            try:
+                hosts = os.listdir(os.path.join(jobs, job))
+            except OSError:
+                continue
+            for host in hosts:
+                d = os.path.join(jobs, job, host)
+                try:
+                    if os.path.islink(d) or not os.path.isdir(d):
+                        continue
+                    meta = store.read_meta(d)
+                    if meta.get("end") is not None or host != self.host and \
+                            meta.get("host") not in (None, self.host):
+                        continue
+                    run = RunInfo.from_dict(meta["run"])
+                    run.run_dir = d
+                    with self._reg_lock:
+                        if run.run_id in self._runs:
+                            continue
+                        self._register(run, None, previous=meta)
+                    adopted.append(run.run_id)
+                except Exception as e:
+                    log.warning("open run in %s not adopted: %s: %s", d, type(e).__name__, e)
+        if adopted:
+            log.warning("adopted %d run(s) a previous agent left open: %s", len(adopted),
+                        ", ".join(adopted[:10]))
+        return adopted
+
     def register(self, run: RunInfo, owner_pid: int | None = None) -> str:
         """Start recording ``run``; idempotent per run id.  With ``owner_pid`` the run is closed
         by the agent itself when that process dies (a ``reveal record`` killed with SIGKILL)."""
@@ -205,7 +275,8 @@ class Agent:
                     return self._runs[run.run_id].run.run_dir
             return self._register(run, owner_pid)
 
-    def _register(self, run: RunInfo, owner_pid: int | None) -> str:
+    def _register(self, run: RunInfo, owner_pid: int | None,
+                  previous: dict[str, Any] | None = None) -> str:
         run.host = run.host or self.host
         run_dir = _create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
         run.run_dir = run_dir
@@ -233,6 +304,9 @@ class Agent:
                 "exit_code": None, "steps": [],
                 "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
             }
+            if previous is not None:  # adopted: the run started with the dead agent
+                meta.update(start=previous.get("start", now), steps=previous.get("steps", []),
+                            restarts=int(previous.get("restarts", 0)) + 1)
             store.write_meta(run_dir, meta)
             writer = store.SegmentWriter(run_dir, channels, self.segment_s, file_mode=0o640)
         except BaseException:
@@ -241,11 +315,22 @@ class Agent:
             if owner_fd is not None:
                 os.close(owner_fd)
             raise
-        st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta, now,
-                      owner_fd=owner_fd)
+        st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta,
+                      meta["start"], owner_fd=owner_fd)
+        if previous is not None:  # the open steps are in the events the dead agent wrote
+            for e in store.read_events(run_dir):
+                sid = str(e.get("step_id"))
+                if e.get("event") == "step_start":
+                    st.steps[sid] = {"step_id": sid, "start": e.get("t"), "end": None,
+                                     "exit_code": None}
+                elif e.get("event") == "step_end" and sid in st.steps:
+                    st.steps[sid].update(end=e.get("t"), exit_code=e.get("exit_code"))
         if self.live or run.extra.get("live"):
             st.live = self._make_live(channels)
-        self._event(st, "run_start", run_id=run.run_id, source=run.source)
+        if previous is not None:
+            self._event(st, "agent_restart", previous_pid=(previous.get("agent") or {}).get("pid"))
+        else:
+            self._event(st, "run_start", run_id=run.run_id, source=run.source)
         with self._lock:
             # Runs sharing the node learn of each other (ids only): a finding of foreign load
             # can then say "another registered run" rather than "a process in no run".
@@ -459,8 +544,11 @@ class Agent:
             self.take_pending(pend)
             try:
                 self._reap_owners()
+                if time.monotonic() >= self._next_prune:
+                    self._next_prune = time.monotonic() + 3600
+                    self.prune_old_jobs()
             except Exception as e:
-                log.warning("owner check failed: %s: %s", type(e).__name__, e)
+                log.warning("housekeeping failed: %s: %s", type(e).__name__, e)
             if self._stop.wait(0.5):
                 break
             if self.exit_when_idle and not self._runs and \
@@ -608,13 +696,14 @@ class Agent:
         except FileNotFoundError:
             pass
         pending.prepare_dir(os.path.join(self.spool, "pending"), self.uid)
+        self.adopt_open_runs()
         gid = self.config.get("socket_gid")
         # Root agents accept any local user unless a group is named: job users send events
         # (iteration markers, steps); peer credentials decide per request.
         mode = (0o660 if gid is not None else 0o666) if self.uid == 0 else 0o600
         self._server = AgentServer(self.sock_path, self.handle, self.privileged, mode=mode,
                                    gid=gid)
-        self._idle_since = time.monotonic()
+        self._idle_since = self._next_prune = time.monotonic()
         self._threads = [threading.Thread(target=self._server.serve_forever,
                                           name="reveal-socket", daemon=True),
                          threading.Thread(target=self._sampling_loop, name="reveal-sampler",
@@ -675,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-file", default=None,
                     help="log here, rotated at 10 MiB (3 files kept), instead of to stderr")
+    ap.add_argument("--retention-days", type=float, default=30.0,
+                    help="remove <spool>/jobs/<job> this long after its runs ended (0: never)")
     ap.add_argument("--socket-group", default=None,
                     help="root agent: only this group (and root) may connect (socket 0660)")
     args = ap.parse_args(argv)
@@ -686,7 +777,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), handlers=[h])
     else:
         logging.basicConfig(level=args.log_level.upper(), format=fmt)
-    config: dict[str, Any] = {}
+    if not (0 <= args.retention_days < 1e5):
+        ap.error(f"--retention-days {args.retention_days}: must be between 0 and 100000")
+    config: dict[str, Any] = {"retention_days": args.retention_days}
     if args.socket_group is not None:
         import grp
         try:
