@@ -304,6 +304,8 @@ class Agent:
                 "exit_code": None, "steps": [],
                 "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
             }
+            if self.config.get("cpus"):   # the node's CPU set (cpuset.py): what cpu.all.* sums
+                meta["cpus"] = list(self.config["cpus"])
             if previous is not None:  # adopted: the run started with the dead agent
                 meta.update(start=previous.get("start", now), steps=previous.get("steps", []),
                             restarts=int(previous.get("restarts", 0)) + 1)
@@ -766,6 +768,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="log here, rotated at 10 MiB (3 files kept), instead of to stderr")
     ap.add_argument("--retention-days", type=float, default=30.0,
                     help="remove <spool>/jobs/<job> this long after its runs ended (0: never)")
+    ap.add_argument("--cpus", default=os.environ.get("REVEAL_CPUS") or None,
+                    help="the node's CPU set, e.g. 0-3,8 (default $REVEAL_CPUS, else all "
+                    "online cores): per-core probes read only these, cpu.all.* is their sum")
     ap.add_argument("--socket-group", default=None,
                     help="root agent: only this group (and root) may connect (socket 0660)")
     args = ap.parse_args(argv)
@@ -786,6 +791,12 @@ def main(argv: list[str] | None = None) -> int:
             config["socket_gid"] = grp.getgrnam(args.socket_group).gr_gid
         except KeyError:
             ap.error(f"--socket-group {args.socket_group!r}: no such group")
+    if args.cpus:
+        from .cpuset import resolve
+        try:
+            config["cpus"] = resolve(args.cpus, "--cpus")
+        except ValueError as e:
+            ap.error(str(e))
     if not (0.001 <= args.interval <= 60):
         ap.error(f"--interval {args.interval}: must be between 0.001 and 60 seconds")
     if not (1 <= args.segment <= 10):

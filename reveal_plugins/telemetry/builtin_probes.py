@@ -7,7 +7,8 @@ from typing import Any
 
 from ..hooks import hookimpl
 from ..types import RunInfo
-from .procfs import PROCFS_PROBES
+from . import cpuset
+from .procfs import PROCFS_PROBES, CpuStatProbe
 from .psi import psi_probes
 
 log = logging.getLogger(__name__)
@@ -29,10 +30,12 @@ def _optional(module: str, factory: str, *args: Any, **kwargs: Any) -> list:
 
 @hookimpl
 def reveal_register_probes(config: dict[str, Any]) -> list:
-    probes = [cls() for cls in PROCFS_PROBES] + psi_probes()
+    cpus = cpuset.from_config(config)   # the node's CPU set: per-core files count only it
+    probes = [cls(cpus=cpus) if cls is CpuStatProbe else cls() for cls in PROCFS_PROBES]
+    probes += psi_probes()
     # hardware probes (issue 2, probes part 2): each one reports why it is unavailable here
-    probes += _optional("perf", "perf_host_probes")
-    probes += _optional("cpufreq", "CpufreqProbe")
+    probes += _optional("perf", "perf_host_probes", cpus=cpus)
+    probes += _optional("cpufreq", "CpufreqProbe", cpus=cpus)
     probes += _optional("hwmon", "HwmonProbe")
     probes += _optional("infiniband", "InfinibandProbe")
     probes += _optional("nvml", "NvmlProbe", gpus=config.get("gpus"))

@@ -20,8 +20,9 @@ class CpufreqProbe(SysfsProbe):
     name = "cpufreq"
     default_root = "/sys/devices/system/cpu"
 
-    def __init__(self, root: str | None = None):
+    def __init__(self, root: str | None = None, cpus: list[int] | None = None):
         super().__init__(root)
+        self.cpus = set(cpus) if cpus else None   # the node's CPU set (.cpuset)
         self.note = ""
         self.governors: dict[str, list[int]] = {}
         self._static: list[float] = []
@@ -30,7 +31,8 @@ class CpufreqProbe(SysfsProbe):
         cpus = []
         for d in glob.glob(os.path.join(self.root, "cpu[0-9]*")):
             m = re.fullmatch(r"cpu(\d+)", os.path.basename(d))
-            if m and os.path.isdir(os.path.join(d, "cpufreq")):
+            if m and (self.cpus is None or int(m.group(1)) in self.cpus) \
+                    and os.path.isdir(os.path.join(d, "cpufreq")):
                 cpus.append((int(m.group(1)), os.path.join(d, "cpufreq")))
         if not cpus:
             self._unavailable(f"no cpufreq under {self.root}/cpu*/cpufreq (VM, or no cpufreq "

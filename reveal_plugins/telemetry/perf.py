@@ -347,9 +347,9 @@ class PerfSoftwareProbe(PerfProbe):
     what = "software events"
 
 
-def perf_host_probes() -> list[Probe]:
-    """The host-level perf probes (system-wide counting)."""
-    return [PerfHardwareProbe(), PerfSoftwareProbe()]
+def perf_host_probes(cpus: Sequence[int] | None = None) -> list[Probe]:
+    """The host-level perf probes (system-wide counting, on the node's CPU set when given)."""
+    return [PerfHardwareProbe(cpus=cpus), PerfSoftwareProbe(cpus=cpus)]
 
 
 def perf_run_probes(pids: Sequence[int] | None) -> list[Probe]:

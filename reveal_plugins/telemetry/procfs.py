@@ -62,6 +62,40 @@ class CpuStatProbe(TokenFileProbe):
     name = "procfs.stat"
     path = "stat"
 
+    def __init__(self, cpus: list[int] | None = None):
+        """``cpus``: the node's CPU set (:mod:`.cpuset`); only those cores are read and
+        ``cpu.all.*`` becomes their sum, so a neighbour node's cores never count here."""
+        super().__init__()
+        self.cpus = sorted(set(cpus)) if cpus else None
+        self._sum: list[list[int]] = []   # per cpu.all.<field>: positions of its core values
+
+    def open(self) -> None:
+        super().open()
+        if not self.available or self.cpus is None:
+            return
+        keys = self.file.keys
+        seen = {int(k.split(".")[1][4:]) for k in keys if k.startswith("cpu.core")}
+        missing = [c for c in self.cpus if c not in seen]
+        if missing:
+            self.close()
+            self._unavailable(f"cpus {missing} not in {os.path.join(PROC, self.path)}")
+            return
+        self._sum = []
+        extra = []
+        for f in CPU_FIELDS:
+            pos = [i for i, k in enumerate(keys)
+                   if k.startswith("cpu.core") and k.endswith("." + f)]
+            if pos:
+                self._sum.append(pos)
+                extra.append(self.meta(f"cpu.all.{f}"))
+        self.channels = self.channels + extra
+
+    def sample(self) -> list[float]:
+        vals = self.file.read()
+        if self._sum:
+            vals += [sum(vals[i] for i in pos) for pos in self._sum]
+        return vals
+
     @staticmethod
     def transform(data: bytes) -> bytes:
         """Keep only the total of the ``intr`` line: its hundreds of per-IRQ counts would
@@ -78,6 +112,8 @@ class CpuStatProbe(TokenFileProbe):
         for i, tok in enumerate(toks):
             if tok.startswith(b"cpu"):
                 who = "all" if tok == b"cpu" else "core" + tok[3:].decode()
+                if self.cpus is not None and (who == "all" or int(tok[3:]) not in self.cpus):
+                    continue   # cpu.all.* is summed over the node's cores in sample()
                 for j, f in enumerate(CPU_FIELDS):
                     if i + 1 + j < len(toks) and toks[i + 1 + j].isdigit():
                         out.append((i + 1 + j, f"cpu.{who}.{f}"))
