@@ -216,3 +216,34 @@ def test_real_pipeline_output_renders(tmp_path):
     assert "us/s" not in flat and "ticks/s" not in flat
     assert "What to do" in flat and "CRITICAL" in flat
     assert re.search(r"checked \d+ windows of 3\.0 s", flat)
+
+
+def test_user_strings_cannot_drive_the_admins_terminal(tmp_path):
+    """Job name, command and step ids are the user's: escape sequences, BEL, newlines and bidi
+    overrides in them are shown as escapes, never emitted (issue 13)."""
+    d = str(tmp_path / "run")
+    meta = make_run(d)
+    rep = make_report(meta)
+    evil = "train\x1b]0;owned\x07\x1b[2J\nReveal report  job 1 · exit 0\u202e"
+    rep["run"]["command"] = ["python", evil]
+    rep["run"]["job_name"] = evil
+    rep["run"]["steps"] = [{"step_id": evil, "start": rep["run"]["start"], "end": None},
+                           {"step_id": "1", "start": rep["run"]["start"] + 5, "end": None}]
+    with open(os.path.join(d, "report.json"), "w") as f:
+        json.dump(rep, f)
+    for out in (render_text(rep, color=False, run_dir=d),
+                subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "report", d],
+                               capture_output=True, text=True, check=True).stdout):
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e]", out), repr(out)
+        assert r"train\x1b]0;owned\x07\x1b[2J\x0aReveal report" in out
+        assert out.count("Reveal report") == 1 + out.count(r"\x0aReveal report")
+
+
+def test_slurm_summary_escapes_user_strings(tmp_path):
+    from reveal_plugins.slurm.sink import render_summary
+    meta = make_run(str(tmp_path / "run"))
+    rep = make_report(meta)
+    rep["run"]["steps"] = [{"step_id": "0\x1b[2J\rfake", "start": rep["run"]["start"],
+                            "end": rep["run"]["end"]}]
+    out = render_summary(rep)
+    assert "\x1b" not in out and "\r" not in out and r"0\x1b[2J\x0dfake" in out

@@ -3,10 +3,35 @@ numbers with units, impacts, evidence lines)."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from typing import Any
 
 SEVERITY_ORDER = {"critical": 0, "warning": 1, "info": 2}
+
+# C0/C1 controls (escape sequences, newlines that fake report lines, BEL, backspace) and the
+# bidirectional overrides that reorder what a terminal shows ("Trojan Source").
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` safe for an admin's terminal: every control character shown as ``\\xNN``.
+
+    Job names, commands and step ids come from users; printed raw, ``\\x1b]...`` could retitle
+    the terminal, clear it or rewrite the lines above."""
+    return _UNPRINTABLE.sub(lambda m: (f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256
+                                       else f"\\u{ord(m.group()):04x}"), text)
+
+
+def printable_tree(obj: Any) -> Any:
+    """A copy of a report (dicts, lists, strings) with :func:`printable` applied to strings."""
+    if isinstance(obj, str):
+        return printable(obj)
+    if isinstance(obj, dict):
+        return {printable_tree(k): printable_tree(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [printable_tree(v) for v in obj]
+    return obj
 
 
 def duration(s: float | None) -> str:

@@ -235,6 +235,8 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     """
     s = Style(want_color() if color is None else color)
     width = width or min(shutil.get_terminal_size((100, 24)).columns, 120)
+    report = fmt.printable_tree(report)  # user-controlled strings never reach the terminal raw
+    node_label = fmt.printable(node_label) if node_label else node_label
     if view is None and run_dir is not None:
         ev_names = [e["channel"] for a in report.get("anomalies", []) for e in a.get("evidence", [])]
         view = load_view(run_dir, ev_names)
@@ -244,7 +246,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     if view is not None and len(view.frame.t):
         out += ["", s("Utilization", "bold") + s(f"  (whole node, {fmt.duration(view.frame.t[-1] - view.frame.t[0])} of samples)", "dim")]
         from .load import host_of
-        out += _utilization(view, node_label or host_of(view.meta), s)
+        out += _utilization(view, node_label or fmt.printable(host_of(view.meta)), s)
     anomalies = report.get("anomalies") or []
     out.append("")
     analysed = report.get("analysed", True)
@@ -292,7 +294,8 @@ def render_job_text(reports: list[tuple[dict, str | None]], job_id: str | None,
     if len(sections) <= 1:
         return "".join(sections)
     found = sum(len(rep.get("anomalies") or []) for rep, _ in reports)
-    head = s(f"Job {job_id}" if job_id else "Runs", "bold") + (
+    nodes = [fmt.printable(n) for n in nodes]
+    head = s(f"Job {fmt.printable(str(job_id))}" if job_id else "Runs", "bold") + (
         f": {len(reports)} nodes ({', '.join(nodes)}), {found} anomal"
         f"{'y' if found == 1 else 'ies'} in all\n\n")
     return head + ("\n" + "─" * 72 + "\n\n").join(sections)

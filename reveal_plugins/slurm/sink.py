@@ -25,6 +25,8 @@ def _dur(a: Any, b: Any) -> str:
 
 def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
     """Plain-text job summary (what ``jobstats`` users expect: short, actionable)."""
+    from ..report.fmt import printable_tree
+    report = printable_tree(report)  # step ids and names are the user's: no raw controls
     run = report.get("run", {})
     tel = report.get("telemetry", {})
     lines = [f"Reveal summary of Slurm job {run.get('job_id')} "
