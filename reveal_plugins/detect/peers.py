@@ -1,0 +1,351 @@
+"""Peer comparison: which node of a multi-node job is the odd one out.
+
+In a synchronous job every rank waits for the slowest, so a slow node slows all of them and a
+single node's own analysis cannot say *which* node it was.  Its peers can: the nodes run the
+same code on the same schedule, so at any moment their hardware signals should look alike.
+
+For every node ``i``, window ``w`` (the same wall-clock grid on all nodes) and channel ``c``:
+
+* the **peer residual** ``r = x_i(w) - median_{j != i} x_j(w)``, minus the node's usual offset
+  from its peers (its median residual over the run: rank 0 may always do a bit more);
+* in robust units: ``z = r / s`` with ``s = max(MAD of the node's residuals, the channel's own
+  run-level variability (median over nodes of its MAD over time), the practical floor of its
+  unit, 2 % of its level)``, so a channel that swings anyway, or barely varies in a unit a
+  person would call no change, is no hair trigger;
+* **the node moved**: a residual counts for node ``i`` only when ``i``'s own change against its
+  own history (its run median) explains at least half of it, in the same direction.  When the
+  other nodes move and ``i`` does not (they wait for it, or it waits for them), ``i`` is not
+  the one that moved; with 2 nodes this is what tells which of the two it was;
+* **evidence**: a node-window is flagged when a *symptom* (pressure, stalls, loss, throttling:
+  :data:`reveal_plugins.detect.attribution.SYMPTOMS`, in its harmful direction and by its
+  practical minimum) or the node's *foreign load* (:mod:`reveal_plugins.detect.foreign`)
+  deviates by ``z >= threshold`` from the peers; activity alone only helps choose the
+  subsystem.  The job's own CPU share (``cpu.run.*``) never votes: it is the consequence;
+* a **suspect** is a run of at least ``min_windows`` flagged windows of one node while at most
+  ``max_share`` of the nodes are flagged at the same time.  A change every node shows at once
+  (a job phase, a filesystem-wide slowdown) leaves no residual: it is reported as **shared**.
+
+Everything here is plain arrays in, plain dicts out (:func:`compare`); loading run directories
+and writing reports is :mod:`reveal_plugins.detect.job`.
+"""
+from __future__ import annotations
+
+import re
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from . import attribution as attr
+from .events import group, span
+from .features import channel_floors, nanmedian_cols, rel_floors
+from .foreign import MINIMUM as FOREIGN_MINIMUM
+from .prepare import PER_CORE
+from .windows import sliding_windows
+
+#: Documented settings (``config["peers"]``).
+DEFAULTS: dict[str, Any] = {
+    "window_s": 3.0, "stride_s": 1.0,
+    "threshold": 4.0,        # robust z of a symptom against the peers (as min_deviation)
+    "min_z": 3.0,            # smallest z a channel needs to count at all
+    "own_fraction": 0.5,     # the node's own change must explain this share of the residual
+    "min_windows": 3, "gap_s": 3.0,
+    "warmup_s": 10.0, "cooldown_s": 3.0,
+    "max_share": 0.34,       # more nodes than this flagged at once: not one node's problem
+}
+
+#: The job's own CPU share: lower on a node held back, but the consequence, never the cause.
+_JOB_SHARE = re.compile(r"^cpu\.run\.")
+_FOREIGN = re.compile(r"^(cpu|memory|storage)\.foreign\.")
+
+
+@dataclass
+class NodeSeries:
+    """One node's prepared telemetry (rates, derived metrics) and lifecycle events."""
+
+    node: str
+    t: np.ndarray
+    X: np.ndarray
+    names: list[str]
+    units: list[str]
+    events: list[dict] = field(default_factory=list)
+    rank: int | None = None
+    starts: list[float] = field(default_factory=list)   # run/step starts (start-up grace)
+    ends: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PeerResult:
+    """The ``peers`` section of a job report (see :meth:`as_dict`)."""
+
+    nodes: list[dict]
+    suspects: list[dict]
+    shared: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    analysis: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"nodes": self.nodes, "suspects": self.suspects, "shared": self.shared,
+                "notes": self.notes, "analysis": self.analysis}
+
+
+def settings(config: dict | None) -> dict:
+    """Defaults overlaid with ``config`` (unknown keys are an error naming them)."""
+    cfg = dict(DEFAULTS)
+    for k, v in (config or {}).items():
+        if k not in DEFAULTS:
+            raise ValueError(f"peers: unknown setting {k!r} (known: {', '.join(DEFAULTS)})")
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
+            raise ValueError(f"peers: {k} = {v!r}: expected a number >= 0")
+        cfg[k] = float(v)
+    cfg["min_windows"] = int(cfg["min_windows"])
+    return cfg
+
+
+def _harm_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Symptom mask of :mod:`attribution`, plus the foreign-load channels (direction up, their
+    practical minimum)."""
+    is_s, dirn, mins, absm = (a.copy() for a in attr.symptom_mask(names))
+    for i, n in enumerate(names):
+        if n in FOREIGN_MINIMUM or _FOREIGN.match(n):
+            is_s[i], dirn[i] = True, 1.0
+            mins[i] = FOREIGN_MINIMUM.get(n, FOREIGN_MINIMUM.get("cpu.foreign.cores", 0.25)
+                                          if n.startswith("cpu.") else 4 * 1048576.0)
+        if _JOB_SHARE.match(n):
+            is_s[i] = False
+    return is_s, dirn, mins, absm
+
+
+def _common_channels(nodes: Sequence[NodeSeries]) -> list[str]:
+    names = [n for n in nodes[0].names if not PER_CORE.match(n)]
+    for s in nodes[1:]:
+        have = set(s.names)
+        names = [n for n in names if n in have]
+    return names
+
+
+def _window_means(s: NodeSeries, cols: list[int], t0: float, cfg: dict):
+    iv = float(np.median(np.diff(s.t))) if len(s.t) > 1 else cfg["stride_s"]
+    return sliding_windows(s.t, s.X[:, cols], cfg["window_s"], cfg["stride_s"], iv, t0=t0,
+                           stats=("mean",))
+
+
+def _leave_one_out_median(V: np.ndarray) -> np.ndarray:
+    """(n, m, c) -> for each node the median of the *other* nodes (all nodes from 9 on: one
+    node barely moves the median of many, and the full median costs one pass)."""
+    n = V.shape[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        if n > 8:
+            return np.broadcast_to(np.nanmedian(V, axis=0), V.shape)
+        out = np.empty_like(V)
+        for i in range(n):
+            out[i] = np.nanmedian(np.delete(V, i, axis=0), axis=0)
+    return out
+
+
+def _mad(A: np.ndarray, axis: int) -> np.ndarray:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(A, axis=axis, keepdims=True)
+        return 1.4826 * np.nanmedian(np.abs(A - med), axis=axis)
+
+
+def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
+            node_anomalies: dict[str, list[dict]] | None = None) -> PeerResult:
+    """Compare every node with its peers; ``node_anomalies`` (each node's own findings) only
+    serve to name the *shared* episodes that every node saw at once."""
+    cfg = settings(config)
+    res = PeerResult(nodes=[{"node": s.node, "rank": s.rank, "suspect": False} for s in nodes],
+                     suspects=[])
+    res.analysis = {"nodes": len(nodes), "window_s": cfg["window_s"],
+                    "stride_s": cfg["stride_s"], "threshold": cfg["threshold"]}
+    if len(nodes) < 2:
+        res.notes.append("peer comparison needs at least 2 nodes")
+        return res
+    if len({s.node for s in nodes}) < len(nodes):
+        raise ValueError("peers: node names must be unique")
+    names = _common_channels(nodes)
+    nonempty = [s for s in nodes if len(s.t) > 1]
+    if len(nonempty) < len(nodes) or not names:
+        res.notes.append("peer comparison skipped: a node has no telemetry, or the nodes "
+                         "share no channel")
+        return res
+    t0 = max(float(s.t[0]) for s in nodes)
+    t1 = min(float(s.t[-1]) for s in nodes)
+    wins = [_window_means(s, [s.names.index(n) for n in names], t0, cfg) for s in nodes]
+    m = min(len(w) for w in wins)
+    if m < 2 * cfg["min_windows"] + 5:
+        res.notes.append(f"the nodes overlap for {max(0.0, t1 - t0):.0f} s only: too short "
+                         "for a peer comparison")
+        return res
+    win = wins[0]
+    ws, we = win.start[:m], win.end[:m]
+    mid = 0.5 * (ws + we)
+    V = np.stack([w.stats["mean"][:m].astype(np.float64) for w in wins])      # (n, m, c)
+    ok = np.all([w.valid[:m] for w in wins], axis=0) & (we <= t1 + 1e-6)
+    for s in nodes:
+        for a in (s.starts or [float(s.t[0])]):
+            ok &= ~((we > a) & (ws < a + cfg["warmup_s"]))
+        for b in (s.ends or [float(s.t[-1])]):
+            ok &= ~((we > b - cfg["cooldown_s"]) & (ws < b))
+    res.analysis.update({"windows": int(m), "windows_compared": int(ok.sum()),
+                         "channels": len(names), "start": round(t0, 3)})
+    if ok.sum() < 2 * cfg["min_windows"] + 5:
+        res.notes.append("too few windows in which every node was in steady state: no peer "
+                         "comparison")
+        return res
+    units = nodes[0].units
+    units = [units[nodes[0].names.index(n)] for n in names]
+    Z, R, P, own_ok = _scores(V, ok, names, units, cfg)
+    harm = _harm_mask(names)
+    is_s, dirn, mins, absm = harm
+    expected = P + np.nanmedian(np.where(ok[None, :, None], R, np.nan), axis=1)[:, None, :]
+    delta = np.nan_to_num((V - expected) * dirn, nan=0.0)
+    rel = mins < 0
+    with np.errstate(invalid="ignore"):
+        big = np.where(rel, (delta >= -mins * np.abs(expected)) & (delta >= absm),
+                       delta >= mins)
+    counted = own_ok & (np.abs(Z) >= cfg["min_z"])
+    hits = counted & is_s & (Z * dirn >= cfg["threshold"]) & big
+    flag = hits.any(axis=2) & ok[None, :]
+    share = flag.sum(axis=0) / len(nodes)
+    crowd = share > max(cfg["max_share"], 1.0 / len(nodes) + 1e-9)
+    res.analysis["crowded_windows"] = int((crowd & flag.any(axis=0)).sum())
+    flag &= ~crowd[None, :]
+    job_share = np.array([bool(_JOB_SHARE.match(n)) for n in names])
+    for i, s in enumerate(nodes):
+        for a, b in group(flag[i], mid, cfg["stride_s"], cfg["gap_s"], cfg["min_windows"]):
+            rows = np.arange(a, b + 1)
+            rows = rows[flag[i, rows]]
+            res.suspects.append(_suspect(s, i, rows, mid, cfg, Z, V, P, R, ok, counted, hits,
+                                         names, units, job_share, nodes))
+    res.suspects.sort(key=lambda x: -x["score"])
+    for k, sp in enumerate(res.suspects, 1):
+        sp["id"] = f"P{k}"
+    for nd in res.nodes:
+        mine = [sp for sp in res.suspects if sp["node"] == nd["node"]]
+        nd["suspect"] = bool(mine)
+        nd["max_score"] = max((sp["score"] for sp in mine), default=0.0)
+    res.shared = shared_episodes(node_anomalies or {}, res.suspects, [s.node for s in nodes])
+    return res
+
+
+def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], cfg: dict):
+    """Peer residuals in robust units, and where the node's own change explains them."""
+    P = _leave_one_out_median(V)
+    R = V - P
+    Rok = np.where(ok[None, :, None], R, np.nan)
+    Vok = np.where(ok[None, :, None], V, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        offset = np.nanmedian(Rok, axis=1)                              # (n, c)
+        spread_r = _mad(Rok - offset[:, None, :], axis=1)              # (n, c)
+        temporal = np.nanmedian(_mad(Vok, axis=1), axis=0)              # (c,)
+        level = nanmedian_cols(np.nanmedian(Vok, axis=1))               # (c,)
+        own_level = np.nanmedian(Vok, axis=1)                           # (n, c)
+    floor = np.maximum(channel_floors(names, units),
+                       rel_floors(units) * np.abs(np.nan_to_num(level)))
+    scale = np.maximum(np.maximum(np.nan_to_num(spread_r), np.nan_to_num(temporal)[None, :]),
+                       floor[None, :])
+    resid = R - offset[:, None, :]
+    Z = np.nan_to_num(resid / scale[:, None, :], nan=0.0, posinf=0.0, neginf=0.0)
+    own = V - own_level[:, None, :]
+    with np.errstate(invalid="ignore"):
+        own_ok = (np.sign(own) == np.sign(resid)) & (
+            np.abs(own) >= cfg["own_fraction"] * np.abs(resid))
+    return Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool)
+
+
+def _num(x: float) -> float | None:
+    return attr._num(x)
+
+
+def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict,
+             Z, V, P, R, ok, counted, hits, names, units, job_share, nodes) -> dict:
+    """One suspect: subsystem, evidence (node value beside the peers' median), impact."""
+    z = np.where(counted[i, rows], Z[i, rows], 0.0)
+    zmean = z.mean(axis=0)
+    hit_any = hits[i, rows].any(axis=0)
+    vote = np.where(job_share, 0.0, zmean)
+    sub, sub_scores = attr.choose_subsystem(vote, names, hit_any)
+    fsub = [attr.subsystem_of(names[j]) for j in np.nonzero(hit_any)[0]
+            if _FOREIGN.match(names[j])]
+    if fsub:     # like the node's own analysis: a neighbour process is the cause
+        sub = "memory" if "memory" in fsub else "storage" if "storage" in fsub else fsub[0]
+    node_v = np.nanmean(V[i, rows], axis=0)
+    peer_v = np.nanmean(P[i, rows], axis=0)
+    rank_key = np.abs(zmean) * np.where(hit_any, 1.0, attr.ACTIVITY_WEIGHT)
+    order = np.argsort(-rank_key)
+    ev = []
+    for j in order[:24]:
+        if len(ev) >= 8 or (abs(zmean[j]) < cfg["min_z"] and ev):
+            break
+        ev.append({"channel": names[j], "deviation": round(float(zmean[j]), 2),
+                   "observed": _num(node_v[j]), "peers": _num(peer_v[j]),
+                   "baseline": _num(peer_v[j]), "unit": units[j],
+                   "symptom": bool(hit_any[j])})
+    if not any(attr.subsystem_of(e["channel"]) == sub for e in ev[:3]):
+        for j in order:
+            if attr.subsystem_of(names[j]) == sub and abs(zmean[j]) >= cfg["min_z"]:
+                ev = [e for e in ev if e["channel"] != names[j]]
+                ev.insert(0, {"channel": names[j], "deviation": round(float(zmean[j]), 2),
+                              "observed": _num(node_v[j]), "peers": _num(peer_v[j]),
+                              "baseline": _num(peer_v[j]), "unit": units[j],
+                              "symptom": bool(hit_any[j])})
+                break
+    start, end = span(int(rows[0]), int(rows[-1]), mid, cfg["stride_s"])
+    strength = np.where(hits[i, rows], np.abs(Z[i, rows]), 0.0).max(axis=1)
+    sp: dict[str, Any] = {
+        "id": "", "node": s.node, "rank": s.rank, "subsystem": sub,
+        "start": round(start, 3), "end": round(end, 3),
+        "score": round(float(np.median(strength)), 2), "windows": int(len(rows)),
+        "evidence": ev, "hints": [],
+        "subsystem_scores": {k: round(v, 3) for k, v in sorted(sub_scores.items(),
+                                                                key=lambda kv: -kv[1])},
+        "peers_compared": len(nodes) - 1}
+    gpus = sorted({e["channel"].split(".")[1] for e in ev[:3]
+                   if e["channel"].startswith("gpu.") and e["channel"].split(".")[1].isdigit()})
+    if gpus:
+        sp["gpu"] = int(gpus[0])
+    imp = job_impact([x.events for x in nodes], start, end)
+    if imp:
+        sp["impact"] = imp
+    return sp
+
+
+def job_impact(events_per_node: Sequence[list[dict]], start: float, end: float
+               ) -> dict | None:
+    """Iteration time of the job (all ranks' markers) during [start, end] against outside:
+    in a synchronous job every rank pays for the slow one."""
+    events = [e for evs in events_per_node for e in evs if e.get("event") == "iteration"]
+    return attr.iteration_impact(events, start, end, [(start, end)])
+
+
+def shared_episodes(node_anomalies: dict[str, list[dict]], suspects: list[dict],
+                    nodes: list[str]) -> list[dict]:
+    """Spans where *every* node's own analysis found an anomaly at the same time and no node
+    stood out from its peers: a job phase or a shared resource (filesystem, fabric), not a
+    suspect node."""
+    if len(nodes) < 2 or any(not node_anomalies.get(n) for n in nodes):
+        return []
+    out = []
+    for a in node_anomalies[nodes[0]]:
+        s0, s1 = float(a["start"]), float(a["end"])
+        subs = {a.get("subsystem")}
+        for n in nodes[1:]:
+            over = [b for b in node_anomalies[n] if b["start"] <= s1 and b["end"] >= s0]
+            if not over:
+                break
+            s0 = max(s0, min(float(b["start"]) for b in over))
+            s1 = min(s1, max(float(b["end"]) for b in over))
+            subs |= {b.get("subsystem") for b in over}
+        else:
+            if s1 > s0 and not any(sp["start"] <= s1 and sp["end"] >= s0 for sp in suspects):
+                sub = a.get("subsystem") if len(subs) > 1 else next(iter(subs))
+                out.append({"start": round(s0, 3), "end": round(s1, 3), "subsystem": sub,
+                            "nodes": list(nodes),
+                            "text": "every node at once: a job phase or a shared resource, "
+                                    "not one node"})
+    return out

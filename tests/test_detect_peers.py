@@ -1,0 +1,144 @@
+"""Peer comparison on synthetic per-node frames (prepared channels, the names the real probes
+and derived metrics use): the node that moved is found for 2, 4 and 64 nodes; a change all
+nodes share, a rank's permanent offset and the waiting of the healthy nodes are no suspect."""
+import numpy as np
+import pytest
+
+from reveal_plugins.detect.peers import NodeSeries, compare, settings
+
+T0 = 1.7e9
+IV = 0.1
+GiB_kB = 1024 * 1024
+
+CHANNELS = [("cpu.all.busy_pct", "%"), ("cpu.foreign.cores", "cores"),
+            ("cpu.run.usage", "s/s"), ("cpu.procs_running", "tasks"),
+            ("network.eth0.tx_bytes", "bytes/s"), ("network.tcp.RetransSegs", "count/s"),
+            ("storage.psi.some_total", "us/s"), ("memory.MemAvailable", "kB"),
+            ("memory.foreign.used", "bytes")]
+
+
+def frames(n, seconds=120.0, fault=None, common=None, offset_rank0=False, seed=0,
+           skew_s=0.7):
+    """``n`` nodes of one synchronous job.  ``fault = (node, kind, start, end)`` with kind
+    cpu|net|mem|io; ``common = (kind, start, end)`` hits every node at once.  The healthy
+    nodes wait for a faulty one (their CPU share and traffic fall): the straggler effect."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        t0 = T0 + rng.uniform(0, skew_s)           # nodes start at slightly different times
+        t = t0 + np.arange(int(seconds / IV)) * IV
+        rel = t - T0
+        x = {
+            "cpu.all.busy_pct": 92 + rng.normal(0, 2, len(t)),
+            "cpu.foreign.cores": 0.02 + np.abs(rng.normal(0, 0.01, len(t))),
+            "cpu.run.usage": 0.9 + rng.normal(0, 0.03, len(t)),
+            "cpu.procs_running": 1.5 + rng.normal(0, 0.4, len(t)),
+            "network.eth0.tx_bytes": 20e6 * (1 + 0.2 * np.sin(rel)) + rng.normal(0, 1e6, len(t)),
+            "network.tcp.RetransSegs": np.abs(rng.normal(0, 0.3, len(t))),
+            "storage.psi.some_total": np.abs(rng.normal(2000, 1000, len(t))),
+            "memory.MemAvailable": 20 * GiB_kB + rng.normal(0, 2e4, len(t)),
+            "memory.foreign.used": 3e8 + rng.normal(0, 2e6, len(t)),
+        }
+        if offset_rank0 and i == 0:                # rank 0 always does a bit more
+            x["cpu.all.busy_pct"] += 5
+            x["network.eth0.tx_bytes"] *= 1.3
+            x["cpu.foreign.cores"] += 0.05
+        # the job's own phase: every 30 s an eval loop, on all nodes together
+        ev = (rel % 30) > 25
+        x["cpu.all.busy_pct"][ev] -= 30
+        x["network.eth0.tx_bytes"][ev] *= 0.1
+        for spec, who in ((fault, fault and fault[0]), (common and (None, *common), i)):
+            if not spec:
+                continue
+            _, kind, a, b = spec
+            on = (rel >= a) & (rel < b)
+            if who == i:
+                if kind == "cpu":
+                    x["cpu.foreign.cores"][on] += 0.5
+                    x["cpu.run.usage"][on] -= 0.45
+                    x["cpu.all.busy_pct"][on] = 99.5
+                elif kind == "net":
+                    x["network.tcp.RetransSegs"][on] += 40
+                elif kind == "mem":
+                    x["memory.MemAvailable"][on] -= 6 * GiB_kB
+                    x["memory.foreign.used"][on] += 6 * 2 ** 30
+                elif kind == "io":
+                    x["storage.psi.some_total"][on] += 400_000
+            if spec is fault and who != i:       # the others wait for the slow node
+                x["cpu.run.usage"][on] -= 0.3
+                x["cpu.all.busy_pct"][on] -= 25
+            if spec is fault or spec is not fault:
+                x["network.eth0.tx_bytes"][on] *= 0.5
+        X = np.stack([x[c] for c, _ in CHANNELS], axis=1).astype(np.float32)
+        out.append(NodeSeries(f"node{i:02d}", t, X, [c for c, _ in CHANNELS],
+                              [u for _, u in CHANNELS], rank=i))
+    return out
+
+
+def suspects(res):
+    return [(s["node"], s["subsystem"]) for s in res.suspects]
+
+
+@pytest.mark.parametrize("n", [2, 4, 64])
+def test_cpu_hog_on_one_node_is_found(n):
+    res = compare(frames(n, fault=(n - 1, "cpu", 50, 80)))
+    assert suspects(res) == [(f"node{n - 1:02d}", "cpu")], res.suspects
+    sp = res.suspects[0]
+    assert 47 <= sp["start"] - T0 <= 54 and 76 <= sp["end"] - T0 <= 84, sp
+    ev = {e["channel"]: e for e in sp["evidence"]}
+    assert ev["cpu.foreign.cores"]["observed"] > 0.4 > ev["cpu.foreign.cores"]["peers"]
+    assert sp["rank"] == n - 1 and sp["peers_compared"] == n - 1
+    assert [x["node"] for x in res.nodes if x["suspect"]] == [f"node{n - 1:02d}"]
+
+
+@pytest.mark.parametrize("kind,sub", [("net", "network"), ("mem", "memory"),
+                                      ("io", "storage")])
+def test_subsystem_of_the_suspect(kind, sub):
+    res = compare(frames(5, fault=(2, kind, 40, 70), seed=3))
+    assert suspects(res) == [("node02", sub)], res.suspects
+
+
+def test_two_nodes_the_one_that_moved():
+    """With 2 nodes each is the other's only peer: the residuals are mirror images.  The
+    healthy node's CPU share fell too (it waited); the hogged one is the one whose own signals
+    moved in the harmful direction."""
+    for victim in (0, 1):
+        res = compare(frames(2, fault=(victim, "cpu", 60, 90), seed=victim + 7))
+        assert suspects(res) == [(f"node{victim:02d}", "cpu")], res.suspects
+
+
+@pytest.mark.parametrize("n", [2, 6])
+def test_common_mode_is_no_suspect(n):
+    """Storage pressure on every node at once (a filesystem-wide slowdown)."""
+    res = compare(frames(n, common=("io", 40, 70), seed=11))
+    assert res.suspects == [], res.suspects
+
+
+def test_shared_episode_named_from_the_nodes_own_findings():
+    nodes = frames(3, common=("io", 40, 70), seed=12)
+    own = {s.node: [{"start": T0 + 41 + k, "end": T0 + 69, "subsystem": "storage"}]
+           for k, s in enumerate(nodes)}
+    res = compare(nodes, node_anomalies=own)
+    assert res.suspects == []
+    assert len(res.shared) == 1 and res.shared[0]["subsystem"] == "storage"
+    assert res.shared[0]["nodes"] == [s.node for s in nodes]
+
+
+@pytest.mark.parametrize("n,seed", [(2, 1), (3, 2), (8, 3), (32, 4)])
+def test_clean_job_with_phases_and_a_busier_rank0_has_no_suspect(n, seed):
+    res = compare(frames(n, seed=seed, offset_rank0=True))
+    assert res.suspects == [], res.suspects
+    assert res.analysis["windows_compared"] > 80
+
+
+def test_too_short_or_single_node_says_why():
+    assert "at least 2" in compare(frames(1)).notes[0]
+    res = compare(frames(2, seconds=12))
+    assert res.suspects == [] and ("short" in res.notes[0] or "steady" in res.notes[0])
+
+
+def test_bad_setting_names_the_key():
+    with pytest.raises(ValueError, match="thresold"):
+        settings({"thresold": 3})
+    with pytest.raises(ValueError, match="min_z"):
+        settings({"min_z": -1})
