@@ -1,4 +1,4 @@
-"""``reveal analyze DIR [--baseline FILE] [--window S] [--stride S] [--json]`` and
+"""``reveal analyze DIR|JOBDIR [--baseline FILE] [--window S] [--stride S] [--json]`` and
 ``reveal baseline fit RUN_DIR... --out FILE``."""
 from __future__ import annotations
 
@@ -58,6 +58,9 @@ def analyze_main(argv: list[str]) -> int:
         cfg["window_s"] = args.window
     if args.stride:
         cfg["stride_s"] = args.stride
+    nodes = job_node_dirs(args.run_dir)
+    if nodes:
+        return analyze_job_main(args.run_dir, nodes, cfg, args)
     try:
         _check_writable_as_root(args.run_dir)
         if args.baseline:   # fail early and clearly on a bad baseline file
@@ -91,6 +94,58 @@ def analyze_main(argv: list[str]) -> int:
               f"{report.get('status_reason')}", file=sys.stderr)
         return 1
     return 0
+
+
+def job_node_dirs(path: str) -> list[str]:
+    """The run directories of a job directory (``<spool>/jobs/<job>/<node>/`` or collected
+    copies side by side); [] when ``path`` is a run directory itself or holds none."""
+    import os
+
+    from ..telemetry import store
+    if not os.path.isdir(path) or os.path.isfile(os.path.join(path, store.META)):
+        return []
+    return sorted(os.path.join(path, d) for d in os.listdir(path)
+                  if os.path.isfile(os.path.join(path, d, store.META))
+                  and not os.path.islink(os.path.join(path, d)))
+
+
+def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
+    """``reveal analyze JOBDIR``: every node's run directory as ``reveal analyze DIR`` would,
+    then the peer comparison; ``JOBDIR/job-report.json`` holds the job report."""
+    import os
+
+    from ..analysis import analyze_and_publish
+    from ..telemetry.rundir import RunDirError, write_file
+    from ..telemetry.store import StoreError
+    from .job import job_report
+    items, failed = [], []
+    try:
+        for d in nodes:
+            _check_writable_as_root(d)
+            rep = analyze_and_publish(d, cfg, baseline=args.baseline,
+                                      publish=not args.no_publish)
+            if rep.get("status") == "failed":
+                failed.append(d)
+            items.append((rep, d))
+        doc = job_report(items, os.path.basename(os.path.normpath(job_dir)))
+    except (StoreError, ValueError, RunDirError) as e:
+        print(f"reveal analyze: {e}", file=sys.stderr)
+        return 2
+    try:
+        _check_writable_as_root(job_dir)
+        write_file(job_dir, "job-report.json", (json.dumps(doc, indent=1) + "\n").encode())
+    except (OSError, RunDirError) as e:
+        print(f"reveal analyze: job-report.json not written: {e}", file=sys.stderr)
+    if args.json:
+        json.dump(doc, sys.stdout, indent=1)
+        print()
+    else:
+        for rep, d in items:
+            print(f"{d}: {rep.get('summary', '')}")
+        print(doc.get("summary") or "")
+    for d in failed:
+        print(f"reveal analyze: analysis of {d} FAILED", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def baseline_main(argv: list[str]) -> int:

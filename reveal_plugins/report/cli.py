@@ -3,7 +3,8 @@
 DIR is a run directory (or a job directory holding one run directory per node, or a
 report.json); JOBID is looked up in the spool (``$REVEAL_SPOOL`` or ``--spool``).  A run that
 has no report.json yet is analysed first.  Several nodes give one section per node (text,
-HTML) or ``{"schema": "reveal.job-report/1", "job_id", "reports": [...]}`` (JSON).
+HTML) or ``{"schema": "reveal.job-report/1", "job_id", "reports": [...], "peers": {...}}``
+(JSON; ``peers`` is the peer comparison of :mod:`reveal_plugins.detect.job`).
 """
 from __future__ import annotations
 
@@ -84,6 +85,22 @@ def collect(target: str, spool: str | None = None, reanalyze: bool = False,
     return out, job_id
 
 
+def job_doc(reports: list, job_id: str | None, progress: Progress | None = None) -> dict:
+    """``reveal.job-report/1``: the nodes' reports and, with 2+ run directories, the peer
+    comparison (:mod:`reveal_plugins.detect.job`)."""
+    try:
+        from ..detect.job import job_report
+    except ImportError:   # detection not installed: the nodes' reports only
+        return {"schema": "reveal.job-report/1", "job_id": job_id,
+                "reports": [r for r, _ in reports]}
+    if progress is not None and sum(1 for _, d in reports if d) >= 2:
+        progress.update("comparing the nodes with their peers")
+    doc = job_report(reports, job_id)
+    if progress is not None:
+        progress.done()
+    return doc
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     progress = Progress()
@@ -93,8 +110,7 @@ def main(argv: list[str] | None = None) -> int:
             if len(reports) == 1:
                 doc = reports[0][0]
             else:
-                doc = {"schema": "reveal.job-report/1", "job_id": job_id,
-                       "reports": [r for r, _ in reports]}
+                doc = job_doc(reports, job_id, progress)
             _write(json.dumps(doc, indent=1) + "\n", args.out)
         elif args.format == "html":
             from .html import render_job_html
