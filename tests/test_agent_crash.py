@@ -119,3 +119,28 @@ def test_old_job_directories_are_pruned_and_open_ones_kept(tmp_path):
     a = Agent(str(spool), interval_s=0.5, config={"retention_days": 30})
     assert a.prune_old_jobs() == ["1"]
     assert sorted(os.listdir(spool / "jobs")) == ["2", "3"] and victim.read_text() == "keep"
+
+
+def test_a_queued_registration_of_a_run_already_closed_is_not_replayed(tmp_path):
+    """The SPANK plugin queued a registration while no agent ran; the job ended and the Epilog
+    closed the run from disk.  The next agent must not reopen it and sample a finished job."""
+    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.telemetry.client import queue_request
+    from reveal_plugins.types import RunInfo
+    spool = str(tmp_path / "spool")
+    run_dir = os.path.join(spool, "jobs", "7", "n")
+    os.makedirs(run_dir)
+    closed = {"schema": store.META_SCHEMA, "run": {"run_id": "slurm-7"}, "channels": [],
+              "start": 100.0, "end": 160.0, "finalized_by": "epilog"}
+    store.write_meta(run_dir, closed)
+    queue_request(spool, {"op": "register", "run": RunInfo(
+        run_id="slurm-7", source="slurm", job_id="7", run_dir=run_dir).to_dict()})
+    queue_request(spool, {"op": "register", "run": RunInfo(
+        run_id="slurm-8", source="slurm", job_id="8",
+        run_dir=os.path.join(spool, "jobs", "8", "n")).to_dict()})
+    a = Agent(spool, interval_s=0.05, segment_s=0.5)
+    a.take_pending(os.path.join(spool, "pending"))
+    assert [r.run_id for r in a.runs()] == ["slurm-8"]   # the live job's copy still registers
+    assert store.read_meta(run_dir)["end"] == 160.0
+    assert os.listdir(os.path.join(spool, "pending")) == []
+    a.unregister("slurm-8", 0)

@@ -22,6 +22,13 @@ int main(int argc, char **argv)
 {
 	char out[300];
 	for (int i = 2; i < argc; i++) {
+		if (argv[1][0] == 'e') {      /* e SPOOL JOB STEP EVENT: the plugin's own client */
+			snprintf(spool, sizeof(spool), "%s", argv[2]);
+			job_id = (uint32_t) strtoul(argv[3], NULL, 10);
+			snprintf(step_name, sizeof(step_name), "%s", argv[4]);
+			send_event(argv[5], "");
+			return 0;
+		}
 		if (argv[1][0] == 'g') {
 			gpu_list_json(out, sizeof(out), argv[i]);
 			printf("%s\n", out);
@@ -69,6 +76,36 @@ def test_timing_path_syntax(plugin_functions):
     cases = {"/var/log/reveal/t.log": 1, "t.log": 0, "/var/log/../etc/x": 0, "/a/./b": 0,
              "/a/..": 0, "/a/b/": 0, "/a/.hidden": 1, "/a/..b": 1}
     assert plugin_functions("path", *cases) == [str(v) for v in cases.values()]
+
+
+def test_the_c_client_speaks_the_protocol_spec_to_a_real_agent(plugin_functions, tmp_path):
+    """docs/protocol.md from the C side: the plugin's event reaches a real agent and is stored;
+    with no agent listening the plugin queues it in pending/, and the agent's queue reader
+    (the same decoder as the socket) accepts and applies the file."""
+    from reveal_plugins.telemetry import store
+    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.types import RunInfo
+    spool = str(tmp_path / "spool")
+    run_dir = os.path.join(spool, "jobs", "5", "n")
+    a = Agent(spool, interval_s=0.05, segment_s=0.5)
+    a.start()
+    try:
+        a.register(RunInfo(run_id="slurm-5", source="slurm", job_id="5", run_dir=run_dir))
+        plugin_functions("event", spool, "5", "0", "step_start")
+        ev = [e for e in store.read_events(run_dir) if e.get("event") == "step_start"]
+        assert ev and ev[-1]["step_id"] == "0" and ev[-1]["source"] == "spank"
+    finally:
+        a.stop()
+    plugin_functions("event", spool, "5", "1", "step_start")   # agent gone: queued
+    queued = os.listdir(os.path.join(spool, "pending"))
+    assert len(queued) == 1 and "-spank" in queued[0] and queued[0].endswith(".json")
+    b = Agent(spool, interval_s=0.05, segment_s=0.5)
+    b.register(RunInfo(run_id="slurm-5", source="slurm", job_id="5", run_dir=run_dir))
+    b.take_pending(os.path.join(spool, "pending"))
+    ev = [e for e in store.read_events(run_dir) if e.get("event") == "step_start"]
+    assert [e["step_id"] for e in ev][-1] == "1"
+    assert os.listdir(os.path.join(spool, "pending")) == []
+    b.unregister("slurm-5", 0)
 
 
 # -- real Slurm ----------------------------------------------------------------------------

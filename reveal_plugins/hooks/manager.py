@@ -52,10 +52,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
             pm.register(mod, name=name)
         for name in disabled:
             pm.set_blocked(name)
-        try:
-            pm.load_setuptools_entrypoints(PROJECT)
-        except Exception as e:  # a broken third-party plugin must not break recording
-            log.warning("could not load third-party plugins from entry points %r: %s", PROJECT, e)
+        _load_entry_points(pm)
         _pm = pm
     return _pm
 
@@ -84,3 +81,25 @@ def call_safely(hook_name: str, **kwargs: Any) -> list[Any]:
         if r is not None:
             results.append(r)
     return results
+
+
+def _load_entry_points(pm: pluggy.PluginManager) -> None:
+    """Third-party plugins from entry points; as root, only those whose code is root-owned
+    and writable by no one else (:mod:`reveal_plugins.trust`), each failure logged alone."""
+    from importlib.metadata import entry_points
+
+    from ..trust import require_trusted_module
+    try:
+        eps = list(entry_points(group=PROJECT))
+    except Exception as e:  # a broken distribution's metadata must not break recording
+        log.warning("could not list third-party plugins (entry points %r): %s", PROJECT, e)
+        return
+    for ep in eps:
+        if pm.is_blocked(ep.name) or pm.has_plugin(ep.name):
+            continue
+        try:
+            require_trusted_module(ep.module, f"plugin {ep.name!r}")
+            pm.register(ep.load(), name=ep.name)
+        except Exception as e:  # a broken third-party plugin must not break recording
+            log.warning("third-party plugin %r (%s) not loaded: %s: %s", ep.name, ep.value,
+                        type(e).__name__, e)

@@ -264,9 +264,13 @@ def read_file_section(path: str) -> dict[str, Any]:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
+    from ..trust import UntrustedPath, require_trusted
     try:
+        require_trusted(path, "configuration file")
         with open(path, "rb") as f:
             data = tomllib.load(f)
+    except UntrustedPath as e:
+        raise OtelConfigError(str(e)) from None
     except OSError as e:
         raise OtelConfigError(f"{path}: cannot read: {e.strerror}") from None
     except tomllib.TOMLDecodeError as e:

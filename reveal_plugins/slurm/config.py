@@ -86,13 +86,18 @@ def load_config(path: str | None = None) -> SlurmConfig:
     """Load the hook configuration (see the module docstring for which file)."""
     explicit = path or os.environ.get("REVEAL_SLURM_CONFIG")
     path = explicit or DEFAULT_CONFIG
+    from ..trust import UntrustedPath, require_trusted
     try:
+        if os.path.exists(path):
+            require_trusted(path, "configuration file")
         with open(path, "rb") as f:
             raw = f.read()
     except FileNotFoundError:
         if not explicit:
             return SlurmConfig()
         raise ConfigError(f"{path}: configuration file not found") from None
+    except UntrustedPath as e:
+        raise ConfigError(str(e)) from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read configuration: {e.strerror}") from None
     try:

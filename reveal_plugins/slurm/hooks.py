@@ -467,6 +467,9 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
                                            "(end = last stored sample)", job)
         mod, func = cfg.analyzer.split(":", 1)
         import importlib
+
+        from ..trust import require_trusted_module
+        require_trusted_module(mod, "analyzer")  # root imports only root-owned code
         fn = getattr(importlib.import_module(mod), func)
         fn(run_dir, cfg.as_analysis_config())
         log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s", job)

@@ -573,6 +573,10 @@ class Agent:
                 op = req.get("op", "register")
                 if op == "register":
                     run = RunInfo.from_dict(req["run"])
+                    if self._already_closed(run):
+                        log.info("pending registration %s: run %s was closed while no agent "
+                                 "ran (its job ended); not reopened", path, run.run_id)
+                        continue
                     self.register(run)
                     if run.run_id in ended:
                         self.event(run.run_id, "registered_after_end", source="pending")
@@ -583,6 +587,16 @@ class Agent:
                                **{k: v for k, v in req.items() if k not in ("op", "v")})
             except Exception as e:
                 log.warning("pending request %s ignored: %s: %s", path, type(e).__name__, e)
+
+    @staticmethod
+    def _already_closed(run: RunInfo) -> bool:
+        """The run directory holds a finished run (the Epilog finalized it from disk)."""
+        if not run.run_dir:
+            return False
+        try:
+            return store.read_meta(run.run_dir).get("end") is not None
+        except Exception:  # absent or unreadable: nothing to protect
+            return False
 
     def _reap_owners(self) -> None:
         """Close runs whose owning process died (pidfd readable = the process exited)."""
@@ -762,7 +776,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--exit-when-idle", action="store_true",
                     help="exit once no run has been registered for --idle-grace seconds")
     ap.add_argument("--idle-grace", type=float, default=30.0)
-    ap.add_argument("--live", action="store_true", help="run live detection for every run")
+    ap.add_argument("--live", action="store_true",
+                    default=os.environ.get("REVEAL_LIVE", "").lower() in ("1", "true", "yes"),
+                    help="run live detection for every run (default: on when $REVEAL_LIVE=1, "
+                    "so private agents of reveal record / reveal-torchrun can be made live)")
     ap.add_argument("--log-level", default="INFO")
     ap.add_argument("--log-file", default=None,
                     help="log here, rotated at 10 MiB (3 files kept), instead of to stderr")
