@@ -1,0 +1,232 @@
+"""One run directory -> the fleet index's rows: identity, findings, window features.
+
+Runs on Dask workers (:func:`extract_batch` is the task), so it never raises for one bad run:
+an unreadable run becomes a row with ``status = "unreadable"`` and ``error`` saying why.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+#: Interpreters and launchers: the workload is named by what they run, not by them.
+_LAUNCHERS = {"python", "python3", "bash", "sh", "srun", "mpirun", "mpiexec", "torchrun",
+              "reveal-torchrun", "env", "time", "numactl", "taskset", "apptainer",
+              "singularity", "nice", "stdbuf", "uv", "conda"}
+#: Slurm job names that say nothing about the workload.
+_GENERIC_NAMES = {"", "bash", "sh", "interactive", "wrap", "sbatch", "script", "job"}
+
+
+def run_key(run_dir: str) -> str:
+    """Stable identity of a run in the index: its absolute path (a copy is another run)."""
+    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:16]
+
+
+def signature(run_dir: str) -> str:
+    """Changes whenever the run gains telemetry, events, metadata or a (new) report."""
+    parts = []
+    for name in ("meta.json", "report.json", "events.jsonl", "segments"):
+        try:
+            st = os.stat(os.path.join(run_dir, name))
+            parts.append(f"{st.st_mtime_ns}:{st.st_size}")
+        except OSError:
+            parts.append("-")
+    return "|".join(parts)
+
+
+def workload_of(run: dict[str, Any]) -> str:
+    """Workload class: an explicit ``extra.workload``, the Slurm job name, else the command
+    reduced to what it runs (``python train.py --lr 3`` -> ``python train.py``)."""
+    extra = run.get("extra") or {}
+    if extra.get("workload"):
+        return str(extra["workload"])
+    name = str(extra.get("job_name") or "").strip()
+    if name.lower() not in _GENERIC_NAMES:
+        return name
+    cmd = run.get("command")
+    if isinstance(cmd, str):
+        cmd = cmd.split()
+    if not cmd:
+        return name or "unknown"
+    words = [os.path.basename(str(w)) for w in cmd]
+    out = [words[0]]
+    base = words[0].rstrip("0123456789.")
+    if base in _LAUNCHERS or words[0] in _LAUNCHERS:
+        for w in words[1:]:
+            if w.startswith("-") or "=" in w:
+                continue
+            out.append(w)
+            if w.rstrip("0123456789.") not in _LAUNCHERS:
+                break
+    return " ".join(out)
+
+
+def _day(t: float | None) -> str:
+    if t is None or not np.isfinite(t):
+        return "unknown"
+    return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
+def _peer_suspects(report: dict) -> list[str]:
+    """Nodes a multi-node report names as the odd one out (``peer_suspects`` or ``peers``)."""
+    got = report.get("peer_suspects")
+    if got is None and isinstance(report.get("peers"), dict):
+        got = report["peers"].get("suspects")
+    out = []
+    for p in got or []:
+        out.append(str(p.get("node") if isinstance(p, dict) else p))
+    return out
+
+
+def run_features(run_dir: str, meta: dict) -> list[dict[str, Any]]:
+    """Per channel: how its 3-s window means are distributed over the run's steady part (the
+    same windows, warm-up/cool-down cut and derived channels ``reveal baseline fit`` uses)."""
+    from ..detect.boundaries import boundaries, suppressed
+    from ..detect.config import FOREIGN_KEYS, detect_config
+    from ..detect.prepare import load_prepared
+    from ..detect.windows import windows_pieces
+    from ..telemetry import store
+    from ..types import ChannelMeta
+
+    cfg = detect_config(None, ignore=FOREIGN_KEYS).as_dict()
+    P, _, _, _ = load_prepared(run_dir, [ChannelMeta.from_dict(c) for c in meta["channels"]])
+    if len(P.t) < 2:
+        return []
+    win = windows_pieces(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+                         stats=("mean",))
+    starts, ends = boundaries(meta, store.read_events(run_dir), float(P.t[0]), float(P.t[-1]))
+    rows = win.valid & ~suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
+                                    cfg["cooldown_s"])
+    if rows.sum() < 1:
+        return []
+    M = win.stats["mean"][rows].astype(np.float64)
+    out = []
+    for i, (name, unit) in enumerate(zip(P.names, P.units)):
+        col = M[:, i]
+        col = col[np.isfinite(col)]
+        if len(col) == 0:
+            continue
+        med = float(np.median(col))
+        q05, q95 = np.quantile(col, [0.05, 0.95])
+        out.append({"channel": name, "unit": unit, "windows": int(len(col)),
+                    "mean": float(col.mean()), "median": med,
+                    "mad": 1.4826 * float(np.median(np.abs(col - med))),
+                    "p05": float(q05), "p95": float(q95)})
+    return out
+
+
+def _host_name(meta: dict) -> str | None:
+    h = meta.get("host")
+    if isinstance(h, dict):
+        return h.get("hostname") or h.get("name")
+    return h if isinstance(h, str) else None
+
+
+def _num(v) -> float | None:
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if np.isfinite(f) else None
+
+
+def extract_run(run_dir: str, features: bool = True) -> dict[str, Any]:
+    """``{"run": row, "anomalies": [rows], "features": [rows], "day": "YYYY-MM-DD"}``."""
+    run_dir = os.path.abspath(run_dir)
+    key = run_key(run_dir)
+    row: dict[str, Any] = {"run_key": key, "run_dir": run_dir, "indexed_at": time.time(),
+                           "status": "unreadable", "error": None, "analysed": False,
+                           "n_anomalies": 0, "anomalous": False, "subsystems": [],
+                           "peer_suspects": []}
+    out: dict[str, Any] = {"run": row, "anomalies": [], "features": [], "day": "unknown",
+                           "signature": signature(run_dir)}
+    try:
+        with open(os.path.join(run_dir, "meta.json")) as f:
+            meta = json.load(f)
+        run = meta.get("run") or {}
+        extra = run.get("extra") or {}
+        cmd = run.get("command")
+        row.update(run_id=run.get("run_id"), source=run.get("source"),
+                   job_id=None if run.get("job_id") is None else str(run["job_id"]),
+                   step_id=None if run.get("step_id") is None else str(run["step_id"]),
+                   user=run.get("user"), node=run.get("host") or _host_name(meta),
+                   partition=extra.get("partition"), account=extra.get("account"),
+                   workload=workload_of(run),
+                   command=" ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
+                   start=_num(meta.get("start")), end=_num(meta.get("end")),
+                   exit_code=meta.get("exit_code"), channels=len(meta.get("channels") or []),
+                   status="unanalysed")
+        row["node"] = row["node"] or "unknown"
+    except (OSError, ValueError, AttributeError, TypeError) as e:
+        row["error"] = f"{run_dir}/meta.json: {type(e).__name__}: {e}"
+        return out
+    report = None
+    try:
+        with open(os.path.join(run_dir, "report.json")) as f:
+            report = json.load(f)
+    except FileNotFoundError:
+        pass
+    except (OSError, ValueError) as e:
+        row["error"] = f"{run_dir}/report.json: {type(e).__name__}: {e}"
+    if isinstance(report, dict):
+        rr = report.get("run") or {}
+        row["start"] = row["start"] if row["start"] is not None else _num(rr.get("start"))
+        row["end"] = row["end"] if row["end"] is not None else _num(rr.get("end"))
+        if row.get("exit_code") is None:
+            row["exit_code"] = rr.get("exit_code")
+        row["status"] = str(report.get("status") or "ok")
+        row["status_reason"] = report.get("status_reason")
+        row["analysed"] = row["status"] in ("ok", "partial")
+        row["samples"] = (report.get("telemetry") or {}).get("samples")
+        anoms = [a for a in report.get("anomalies") or [] if isinstance(a, dict)]
+        subs: dict[str, float] = {}
+        for a in anoms:
+            sub = str(a.get("subsystem") or "system")
+            s, e = _num(a.get("start")), _num(a.get("end"))
+            dur = max(0.0, e - s) if s is not None and e is not None else 0.0
+            subs[sub] = subs.get(sub, 0.0) + dur + 1e-9
+            ev = (a.get("evidence") or [{}])[0] or {}
+            hints = a.get("hints") or []
+            sev = [h.get("severity") for h in hints if isinstance(h, dict)]
+            out["anomalies"].append({
+                "run_key": key, "node": a.get("node") or row["node"], "user": row.get("user"),
+                "workload": row.get("workload"), "job_id": row.get("job_id"),
+                "anomaly_id": str(a.get("id")), "subsystem": sub, "score": _num(a.get("score")),
+                "start": s, "end": e, "duration_s": dur,
+                "top_channel": ev.get("channel"), "top_deviation": _num(ev.get("deviation")),
+                "hint": (hints[0] or {}).get("title") if hints else None,
+                "severity": next((x for x in ("critical", "warning", "info") if x in sev),
+                                 None)})
+        row["n_anomalies"] = len(anoms)
+        row["anomalous"] = bool(anoms) and row["analysed"]
+        row["subsystems"] = sorted(subs)
+        row["dominant_subsystem"] = max(subs, key=subs.get) if subs else None
+        row["max_score"] = max((x["score"] for x in out["anomalies"] if x["score"] is not None),
+                               default=None)
+        row["anomaly_s"] = float(sum(x["duration_s"] for x in out["anomalies"]))
+        row["peer_suspects"] = _peer_suspects(report)
+    if row.get("start") is not None and row.get("end") is not None:
+        row["duration_s"] = row["end"] - row["start"]
+    if isinstance(row.get("exit_code"), bool) or not isinstance(row.get("exit_code"),
+                                                                (int, type(None))):
+        row["exit_code"] = None
+    out["day"] = _day(row.get("start"))
+    if features:
+        try:
+            feats = run_features(run_dir, meta)
+        except Exception as e:  # a broken segment set never stops the fleet pass
+            feats = []
+            row["error"] = row["error"] or f"{run_dir}: features: {type(e).__name__}: {e}"
+        for fr in feats:
+            fr.update(run_key=key, workload=row.get("workload"), node=row["node"])
+        out["features"] = feats
+    return out
+
+
+def extract_batch(run_dirs: list[str], features: bool = True) -> list[dict[str, Any]]:
+    """The Dask task: a batch of runs (keeps the number of tasks small)."""
+    return [extract_run(d, features) for d in run_dirs]
