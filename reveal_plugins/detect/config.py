@@ -41,6 +41,12 @@ class DetectConfig(BaseModel):
                              "this many robust spreads")
     min_slowdown_pct: float = Field(10.0, ge=0, description="least iteration slowdown that "
                                     "counts as impact")
+    stream_after_s: float = Field(3600.0, ge=0, description="runs longer than this are "
+                                  "analysed from their feature store in bounded memory")
+    fit_windows: int = Field(6000, ge=100, description="a streamed analysis fits its "
+                             "detectors on at most this many windows (every k-th)")
+    full: bool = Field(False, description="recompute the features from the raw segments "
+                       "(reveal analyze --full)")
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict, description=
                                                  "per-detector keyword arguments")
     live: dict[str, Any] | None = Field(None, description="live-mode settings (detect.live)")

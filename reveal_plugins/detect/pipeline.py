@@ -129,6 +129,8 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
         raise store.StoreError(f"{os.path.join(run_dir, store.META)}: bad channel entry: "
                                f"{e}") from None
     samples, nbytes, t_first, t_last = 0, 0, None, None
+    if cfg["full"] or _duration(run_dir, meta) > cfg["stream_after_s"]:
+        return _analyze_streamed(run_dir, meta, metas, cfg, bl, t0)
     try:
         iv = meta.get("interval_s")
         P, nseg, nbytes, warn = load_prepared(run_dir, metas,
@@ -148,6 +150,47 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
         return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,
                              channels=len(metas), bytes_stored=nbytes, t_first=t_first,
                              t_last=t_last)
+    notes += det.notes
+    det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
+    if bl is not None:
+        det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
+    reason = partial_reason(notes)
+    rep = {"schema": SCHEMA, "status": "partial" if reason else "ok", "status_reason": reason,
+           "run": run_section(meta, det.t_first, det.t_last),
+           "telemetry": telemetry_section(meta, samples, len(metas), nbytes, None),
+           "anomalies": det.anomalies, "observations": det.observations, "notes": notes,
+           "analysis": det.analysis}
+    rep["summary"] = summary(rep)
+    return rep
+
+
+def _duration(run_dir: str, meta: dict) -> float:
+    """How long the run is (meta.json's start/end, else its segments x their length)."""
+    from ..telemetry import store
+    a, b = meta.get("start"), meta.get("end")
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b >= a:
+        return float(b - a)
+    seg = meta.get("segment_s")
+    return len(store.segment_paths(run_dir)) * (float(seg) if isinstance(seg, (int, float))
+                                                 and seg > 0 else 10.0)
+
+
+def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: dict, bl: dict | None,
+                      t0: float) -> dict:
+    """A long run (or ``--full``): :mod:`.longrun`, in bounded memory."""
+    from ..telemetry import store
+    from .longrun import analyze_long
+
+    notes: list[str] = []
+    samples = nbytes = 0
+    try:
+        events = store.read_events(run_dir, notes)
+        det, samples, nseg, nbytes = analyze_long(run_dir, meta, metas, cfg, bl, events,
+                                                  cfg["full"], notes)
+    except Exception as e:  # never a traceback for a user: a report that says what happened
+        log.exception("analysis of %s failed", run_dir)
+        return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,
+                             channels=len(metas), bytes_stored=nbytes)
     notes += det.notes
     det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
     if bl is not None:

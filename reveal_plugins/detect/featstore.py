@@ -1,0 +1,277 @@
+"""The feature store of a run: window statistics beside the segments (``DIR/features/``).
+
+One Parquet file per featurized segment, ``feat-AAAAAA-BBBBBB.parquet`` (segments A..B, the
+windows their arrival finished), written like segments (:func:`..telemetry.rundir.atomic_file`:
+a crash loses at most the file being written).  Every :data:`GROUP` single-segment files are
+merged into one (written first, the small ones removed after), so a week-long run has ~170
+files to read at job end, not 60 000.  Each file carries in its metadata the featurizer's state
+after it (to resume) and the per-channel sums of its samples (channel filtering without the
+samples).
+
+Layout: ``start`` float64, ``count`` int32, ``valid`` bool, and one ``fixed_size_list<float32>``
+column per statistic (``mean``, ``std``, ``min``, ``max``, ``slope``; one value per prepared
+channel, in the order of the metadata's ``names``).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ..telemetry import store
+from ..telemetry.rundir import atomic_file, open_dir
+from ..types import ChannelMeta
+from .featurize import WARMUP_SEGMENTS, Chunk, Featurizer, full_columns, resume
+from .windows import STATS
+
+log = logging.getLogger(__name__)
+
+FEATURES = "features"
+FORMAT = "reveal.features/1"
+FILE_RE = re.compile(r"^feat-(\d{6})-(\d{6})\.parquet$")
+#: Single-segment files merged into one (360 x 10 s = one hour).
+GROUP = 360
+
+
+def _seq(path: str) -> int:
+    m = store.SEGMENT_RE.match(os.path.basename(path))
+    return int(m.group(1)) if m else -1
+
+
+class FeatureStore:
+    """Feature files of one run (in the run directory, or a private temporary directory when
+    the run directory is not ours to write)."""
+
+    def __init__(self, path: str, private: bool = False, sync: bool = True):
+        self.path = path
+        self.private = private
+        self.sync = sync
+        self._f: Featurizer | None = None      # featurizer kept between agent calls
+        self._f_last: int | None = None
+
+    @classmethod
+    def for_run(cls, run_dir: str, create: bool = False, sync: bool = True) -> "FeatureStore":
+        path = os.path.join(run_dir, FEATURES)
+        if create and not os.path.isdir(path):
+            dfd = open_dir(run_dir)          # as root: only a directory root owns
+            try:
+                os.mkdir(FEATURES, 0o750, dir_fd=dfd)
+            except FileExistsError:
+                pass
+            finally:
+                os.close(dfd)
+        return cls(path, sync=sync)
+
+    @classmethod
+    def temporary(cls) -> "FeatureStore":
+        return cls(tempfile.mkdtemp(prefix="reveal-features-"), private=True, sync=False)
+
+    def cleanup(self) -> None:
+        if self.private:
+            shutil.rmtree(self.path, ignore_errors=True)
+
+    def clear(self) -> None:
+        """Remove every feature file (``--full`` rebuilds them)."""
+        if not os.path.isdir(self.path):
+            return
+        dfd = open_dir(self.path)
+        try:
+            for n in os.listdir(dfd):
+                if FILE_RE.match(n):
+                    os.unlink(n, dir_fd=dfd)
+        finally:
+            os.close(dfd)
+        self._f = None
+
+    # -- which files cover which segments ------------------------------------------------
+    def files(self) -> list[tuple[int, int, str]]:
+        try:
+            names = os.listdir(self.path)
+        except FileNotFoundError:
+            return []
+        out = []
+        for n in names:
+            m = FILE_RE.match(n)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2)), os.path.join(self.path, n)))
+        return sorted(out, key=lambda x: (x[0], -x[1]))
+
+    def cover(self, seqs: Sequence[int]) -> list[tuple[int, int, str]]:
+        """Files that cover the first segments of ``seqs`` without hole (largest first)."""
+        pos = {s: i for i, s in enumerate(seqs)}
+        by_start: dict[int, tuple[int, int, str]] = {}
+        for a, b, p in self.files():
+            if a not in by_start and b in pos and a in pos:
+                by_start[a] = (a, b, p)
+        out, i = [], 0
+        while i < len(seqs) and seqs[i] in by_start:
+            f = by_start[seqs[i]]
+            out.append(f)
+            i = pos[f[1]] + 1
+        return out
+
+    # -- writing -------------------------------------------------------------------------
+    def write(self, ch: Chunk, a: int, b: int, state: dict, names: list[str]) -> str:
+        c = len(names)
+        cf = len(full_columns(names))
+        cols = [pa.array(ch.start, pa.float64()), pa.array(ch.count.astype(np.int32)),
+                pa.array(ch.valid.astype(bool))]
+        for s in STATS:
+            flat = pa.array(np.ascontiguousarray(ch.stats[s], np.float32).reshape(-1))
+            cols.append(pa.FixedSizeListArray.from_arrays(flat, c if s == "mean" else cf))
+        info = {"seg_first": a, "seg_last": b, "state": state, "samples": ch.samples,
+                "t_min": ch.t_min if np.isfinite(ch.t_min) else None,
+                "t_max": ch.t_max if np.isfinite(ch.t_max) else None,
+                "gaps": ch.gaps[:50], "resets": ch.resets, "dropped_t": ch.dropped_t,
+                "channels": c, "full_channels": cf}
+        schema = pa.schema([("start", pa.float64()), ("count", pa.int32()),
+                            ("valid", pa.bool_())] +
+                           [(s, pa.list_(pa.float32(), c if s == "mean" else cf))
+                            for s in STATS],
+                           metadata={b"reveal": FORMAT.encode(),
+                                     b"info": json.dumps(info).encode(),
+                                     b"names": json.dumps(names).encode(),
+                                     b"colstats": np.ascontiguousarray(
+                                         ch.colstats, np.float64).tobytes()})
+        table = pa.Table.from_arrays(cols, schema=schema)
+        name = f"feat-{a:06d}-{b:06d}.parquet"
+        with atomic_file(self.path, name, 0o640, sync=self.sync) as f:
+            pq.write_table(table, f, compression="zstd", compression_level=1,
+                           write_statistics=False)
+        return os.path.join(self.path, name)
+
+    def compact(self, seqs: Sequence[int], names: list[str], group: int = GROUP) -> None:
+        """Merge every complete run of ``group`` single-segment files into one file."""
+        cov = self.cover(seqs)
+        single = [f for f in cov if f[0] == f[1]]
+        i = 0
+        while i + group <= len(single):
+            run = single[i:i + group]
+            chunks = [read(p) for _, _, p in run]
+            merged = merge(chunks)
+            state = read_info(run[-1][2])["state"]
+            self.write(merged, run[0][0], run[-1][1], state, names)
+            for _, _, p in run:
+                try:
+                    os.unlink(p)
+                except FileNotFoundError:
+                    pass
+            i += group
+
+    # -- featurizing ---------------------------------------------------------------------
+    def update(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
+               window_s: float, stride_s: float, upto: str | None = None,
+               final: bool = False, warnings: list[str] | None = None
+               ) -> tuple[Chunk | None, int, int]:
+        """Featurize the segments not covered yet (up to the segment named ``upto``), one file
+        each; with ``final`` also the windows still open at the end of the run, returned (not
+        stored: the run might go on).  Returns ``(tail chunk, segments read, bytes read)``."""
+        names = [m.name for m in metas]
+        paths = store.segment_paths(run_dir)
+        if upto is not None:
+            paths = [p for p in paths if os.path.basename(p) <= upto]
+        seqs = [_seq(p) for p in paths]
+        cov = self.cover(seqs)
+        done = cov[-1][1] if cov else None
+        start = 0 if done is None else seqs.index(done) + 1
+        f = self._f if (self._f is not None and self._f_last == done) else None
+        nseg = nbytes = 0
+        if f is None:
+            if done is None:
+                f = Featurizer(metas, interval_s, window_s, stride_s)
+            else:
+                state = read_info(cov[-1][2])["state"]
+                warm = []
+                for p in paths[max(0, start - WARMUP_SEGMENTS):start]:
+                    try:
+                        warm.append(store.read_segment(p, names))
+                    except Exception:
+                        pass
+                f = resume(metas, state, warm)
+        pnames = f.names
+        for p, s in zip(paths[start:], seqs[start:]):
+            try:
+                t, raw = store.read_segment(p, names)
+                nbytes += os.path.getsize(p)
+                nseg += 1
+            except Exception as e:  # corrupt or truncated: the others still count
+                if warnings is not None:
+                    warnings.append(f"{p}: skipped unreadable segment ({type(e).__name__}: "
+                                    f"{e})")
+                t, raw = np.zeros(0), np.zeros((0, len(names)))
+            ch = f.feed(t, raw)
+            self.write(ch, s, s, f.state(), pnames)
+            self._f, self._f_last = f, s
+        if len(seqs) >= GROUP:
+            self.compact(seqs, pnames)
+        tail = f.finish() if final else None
+        if final:
+            self._f = None
+        return tail, nseg, nbytes
+
+    # -- reading -------------------------------------------------------------------------
+    def chunks(self, seqs: Sequence[int], stats: Sequence[str] = STATS) -> Iterator[Chunk]:
+        for _, _, p in self.cover(seqs):
+            yield read(p, stats)
+
+
+def read_info(path: str) -> dict:
+    md = pq.read_schema(path).metadata or {}
+    if md.get(b"reveal") != FORMAT.encode():
+        raise ValueError(f"{path}: not a reveal feature file")
+    return json.loads(md[b"info"])
+
+
+def read_names(path: str) -> list[str]:
+    return json.loads((pq.read_schema(path).metadata or {})[b"names"])
+
+
+def read(path: str, stats: Sequence[str] = STATS) -> Chunk:
+    """One feature file (only the statistics in ``stats``)."""
+    pf = pq.ParquetFile(path)
+    md = pf.schema_arrow.metadata or {}
+    if md.get(b"reveal") != FORMAT.encode():
+        raise ValueError(f"{path}: not a reveal feature file")
+    info = json.loads(md[b"info"])
+    c, cf = int(info["channels"]), int(info["full_channels"])
+    tab = pf.read(columns=["start", "count", "valid", *stats])
+    out = {}
+    for s in stats:
+        col = tab.column(s).combine_chunks()
+        out[s] = col.flatten().to_numpy(zero_copy_only=False).reshape(-1, c if s == "mean"
+                                                                       else cf)
+    ch = Chunk(tab.column("start").to_numpy(), tab.column("count").to_numpy().astype(np.int64),
+               tab.column("valid").to_numpy(zero_copy_only=False).astype(bool), out,
+               np.frombuffer(md[b"colstats"], np.float64).reshape(4, c).copy())
+    ch.samples = int(info["samples"])
+    ch.t_min = info["t_min"] if info["t_min"] is not None else np.inf
+    ch.t_max = info["t_max"] if info["t_max"] is not None else -np.inf
+    ch.gaps, ch.resets, ch.dropped_t = info["gaps"], info["resets"], info["dropped_t"]
+    return ch
+
+
+def merge(chunks: list[Chunk]) -> Chunk:
+    stats = list(chunks[0].stats)
+    acc = chunks[0].colstats.copy()
+    for ch in chunks[1:]:
+        acc[:3] += ch.colstats[:3]
+        np.maximum(acc[3], ch.colstats[3], out=acc[3])
+    out = Chunk(np.concatenate([c.start for c in chunks]),
+                np.concatenate([c.count for c in chunks]),
+                np.concatenate([c.valid for c in chunks]),
+                {s: np.concatenate([c.stats[s] for c in chunks]) for s in stats}, acc)
+    out.samples = sum(c.samples for c in chunks)
+    out.t_min = min(c.t_min for c in chunks)
+    out.t_max = max(c.t_max for c in chunks)
+    out.gaps = [g for c in chunks for g in c.gaps][:50]
+    out.resets = sum(c.resets for c in chunks)
+    out.dropped_t = sum(c.dropped_t for c in chunks)
+    return out
