@@ -16,6 +16,8 @@ commands:
   agent [--spool DIR] [--interval S]             run the node agent in the foreground
   slurm {prolog,epilog,task-prolog,task-epilog,build-spank}
   otel export DIR                                (re-)send a finished run as an OpenTelemetry trace
+  fleet {index,nodes,baseline,report} ...        fleet analysis over many runs (Dask)
+  import reveal-tsv FILE... --out DIR            Reveal's public telemetry (TSV) -> run directories
 """
 
 COMMANDS = {
@@ -27,6 +29,8 @@ COMMANDS = {
     "report": "reveal_plugins.report.cli:main",
     "slurm": "reveal_plugins.slurm.cli:main",
     "otel": "reveal_plugins.otel.cli:main",
+    "fleet": "reveal_plugins.fleet.cli:main",
+    "import": "reveal_plugins.importers.cli:main",
 }
 
 

@@ -58,7 +58,6 @@ def dask_client(scheduler: str | None = None, slurm_workers: int | None = None,
                 slurm_timeout_s: float = 120.0) -> Iterator[Any]:
     """A ``distributed.Client`` for one fleet command; closes what it started."""
     try:
-        import dask  # noqa: F401
         from distributed import Client, LocalCluster
     except ImportError as e:
         raise FleetRuntimeError(f"Dask is not installed ({e}); pip install "

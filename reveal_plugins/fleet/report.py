@@ -153,8 +153,8 @@ def _plots(s: dict[str, Any]) -> list[tuple[str, str]]:
             fig, ax = plt.subplots(figsize=(9, 0.3 * len(rows) + 0.8))
             names = [str(r[label])[:40] for r in rows]
             rate = [100 * r["rate"] for r in rows]
-            err = [[100 * (r["rate"] - r["ci_low"]) for r in rows],
-                   [100 * (r["ci_high"] - r["rate"]) for r in rows]]
+            err = [[max(0.0, 100 * (r["rate"] - r["ci_low"])) for r in rows],
+                   [max(0.0, 100 * (r["ci_high"] - r["rate"])) for r in rows]]
             col = [COLORS.get(r.get("dominant_subsystem") or "", "#7aa7d9") for r in rows]
             ax.barh(names, rate, xerr=err, color=col, ecolor="#555", capsize=2)
             ax.set_xlabel("anomalous runs, % (95 % CI)")

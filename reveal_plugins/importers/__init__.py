@@ -1,0 +1,1 @@
+"""Importers: telemetry recorded by other tools -> run directories the analysis reads."""
