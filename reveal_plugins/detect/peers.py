@@ -201,7 +201,9 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
     Z, R, P, own_ok = _scores(V, ok, names, units, cfg)
     harm = _harm_mask(names)
     is_s, dirn, mins, absm = harm
-    expected = P + np.nanmedian(np.where(ok[None, :, None], R, np.nan), axis=1)[:, None, :]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # all-NaN channels stay NaN
+        expected = P + np.nanmedian(np.where(ok[None, :, None], R, np.nan), axis=1)[:, None, :]
     delta = np.nan_to_num((V - expected) * dirn, nan=0.0)
     rel = mins < 0
     with np.errstate(invalid="ignore"):

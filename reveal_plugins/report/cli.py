@@ -120,7 +120,9 @@ def main(argv: list[str] | None = None) -> int:
                 print("reveal report: --format html needs matplotlib: pip install "
                       "'reveal-plugins[html]' (or: pip install matplotlib)", file=sys.stderr)
                 return 2
-            html = render_job_html(reports, job_id, progress=progress)
+            peers = job_doc(reports, job_id, progress).get("peers") if len(reports) > 1 \
+                else None
+            html = render_job_html(reports, job_id, progress=progress, peers=peers)
             out = args.out
             if out is None:
                 out = _write_into_run_dir(html, reports)
@@ -136,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                 color = False
             if any(d for _, d in reports):
                 progress.update("reading telemetry")
-            text = render_job_text(reports, job_id, color=color)
+            peers = job_doc(reports, job_id).get("peers") if len(reports) > 1 else None
+            text = render_job_text(reports, job_id, color=color, peers=peers)
             progress.done()
             _write(text, args.out)
     except (load.ReportError, StoreError, OSError, ValueError) as e:

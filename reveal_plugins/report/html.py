@@ -468,8 +468,8 @@ def _title(reports: list[tuple[dict, str | None]], job_id: str | None) -> str:
 
 
 def render_job_html(reports: list[tuple[dict, str | None]], job_id: str | None = None,
-                    progress: Progress | None = None) -> str:
-    """One page for one or several nodes (one section per node)."""
+                    progress: Progress | None = None, peers: dict | None = None) -> str:
+    """One page for one or several nodes (the peer comparison, then one section per node)."""
     progress = progress or Progress(False)
     title = _title(reports, job_id)
     body = [f"<h1>{esc(title)}</h1>"]
@@ -480,6 +480,8 @@ def render_job_html(reports: list[tuple[dict, str | None]], job_id: str | None =
         links = " ".join(f"<a href='#node-{esc(n)}'>{esc(n)}</a>" for n in labels)
         body.append(f"<p>{len(reports)} nodes, {found} anomal{'y' if found == 1 else 'ies'} "
                     f"in all. <nav>{links}</nav></p>")
+        from .peers_view import html_section
+        body.append(html_section(peers, progress))
     for i, ((rep, d), label) in enumerate(zip(reports, labels)):
         body.append(_section(rep, d, i, progress, heading=multi, label=label))
     progress.done()

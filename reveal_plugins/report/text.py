@@ -285,8 +285,9 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
 
 
 def render_job_text(reports: list[tuple[dict, str | None]], job_id: str | None,
-                    color: bool | None = None) -> str:
-    """Several nodes of one job: a job line, then one section per node separated by a rule."""
+                    color: bool | None = None, peers: dict | None = None) -> str:
+    """Several nodes of one job: a job line, the peer comparison (one line per node, the
+    suspect marked), then one section per node separated by a rule."""
     s = Style(want_color() if color is None else color)
     nodes = fmt.node_labels(reports)
     sections = [render_text(rep, color=s.on, run_dir=d, node_label=n)
@@ -298,4 +299,5 @@ def render_job_text(reports: list[tuple[dict, str | None]], job_id: str | None,
     head = s(f"Job {fmt.printable(str(job_id))}" if job_id else "Runs", "bold") + (
         f": {len(reports)} nodes ({', '.join(nodes)}), {found} anomal"
         f"{'y' if found == 1 else 'ies'} in all\n\n")
-    return head + ("\n" + "─" * 72 + "\n\n").join(sections)
+    from .peers_view import text_block
+    return head + text_block(peers, s) + ("\n" + "─" * 72 + "\n\n").join(sections)
