@@ -122,8 +122,7 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     try:
         for d in nodes:
             _check_writable_as_root(d)
-            rep = analyze_and_publish(d, cfg, baseline=args.baseline,
-                                      publish=not args.no_publish)
+            rep = analyze_and_publish(d, cfg, baseline=args.baseline, publish=False)
             if rep.get("status") == "failed":
                 failed.append(d)
             items.append((rep, d))
@@ -131,6 +130,14 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     except (StoreError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return 2
+    from ..hooks import call_safely
+    for rep, d in items:    # each node's report now carries the job's verdict (job_peers)
+        try:
+            write_file(d, "report.json", json.dumps(rep, indent=1).encode())
+        except OSError as e:
+            print(f"reveal analyze: {d}/report.json not rewritten: {e}", file=sys.stderr)
+        if not args.no_publish:
+            call_safely("reveal_report_ready", report=rep, run_dir=d, config=cfg)
     try:
         _check_writable_as_root(job_dir)
         write_file(job_dir, "job-report.json", (json.dumps(doc, indent=1) + "\n").encode())
@@ -140,9 +147,13 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
         json.dump(doc, sys.stdout, indent=1)
         print()
     else:
-        for rep, d in items:
-            print(f"{d}: {rep.get('summary', '')}")
-        print(doc.get("summary") or "")
+        try:
+            from ..report.text import render_job_text
+            print(render_job_text(items, doc["job_id"], peers=doc.get("peers")), end="")
+        except ImportError:   # pragma: no cover - the renderer is part of the package
+            for rep, d in items:
+                print(f"{d}: {rep.get('summary', '')}")
+            print(doc.get("summary") or "")
     for d in failed:
         print(f"reveal analyze: analysis of {d} FAILED", file=sys.stderr)
     return 1 if failed else 0

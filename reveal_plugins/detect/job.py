@@ -176,6 +176,18 @@ def peer_summary(peers: dict) -> str:
     return "Peers: " + "; ".join(parts) + "."
 
 
+def annotate(rep: dict, peers: dict, node: dict, job_id: str | None) -> None:
+    """Give a node's report the job's verdict (``job_peers``): how many nodes were compared,
+    the suspect nodes, this node's suspects.  The OTel sink puts it on the node's job span."""
+    sus = peers.get("suspects") or []
+    rep["job_peers"] = {
+        "job_id": job_id, "nodes": len(peers.get("nodes") or []),
+        "suspect": bool(node.get("suspect")),
+        "suspect_nodes": sorted({sp["node"] for sp in sus}),
+        "suspects": [sp for sp in sus if sp["node"] == node["node"]],
+        "summary": peers.get("summary", "")}
+
+
 def job_report(items: Sequence[tuple[dict, str | None]], job_id: str | None,
                config: dict | None = None) -> dict:
     """The job report of ``[(node report, run_dir or None)]``; the peer comparison needs the
@@ -189,5 +201,10 @@ def job_report(items: Sequence[tuple[dict, str | None]], job_id: str | None,
             doc["peers"]["notes"].append(f"{len(items) - len(dirs)} node(s) given as a "
                                          "report only: not compared")
         doc["summary"] = doc["peers"]["summary"]
+        by_dir = {nd.get("run_dir"): nd for nd in doc["peers"]["nodes"]}
+        for d, r in dirs:
+            nd = by_dir.get(os.path.abspath(d))
+            if nd is not None:
+                annotate(r, doc["peers"], nd, job_id)
     return doc
 

@@ -1,4 +1,5 @@
-"""Report -> OpenTelemetry spans: one trace per run (job -> steps -> anomalies, hints as events).
+"""Report -> OpenTelemetry spans: one trace per run (job -> steps -> anomalies, hints as events;
+a multi-node job's peer finding as attributes and a ``peer_suspect`` event on the job span).
 
 Plain data in (a ``reveal.report/1`` dict and, optionally, the run's ``meta.json`` dict), finished
 SDK spans out; nothing here talks to the network (see :mod:`.export`).  Spans carry the run's
@@ -247,6 +248,42 @@ def anomaly_attributes(an: dict[str, Any], max_evidence: int) -> dict[str, Any]:
     return a
 
 
+def peer_attributes(report: dict[str, Any]) -> dict[str, Any]:
+    """The job's peer comparison on a node's root (job) span: ``report["job_peers"]`` is set by
+    the job-level analysis (:func:`reveal_plugins.detect.job.annotate_reports`)."""
+    a: dict[str, Any] = {}
+    p = report.get("job_peers")
+    if not isinstance(p, dict):
+        return a
+    _put(a, "reveal.peers.nodes", p.get("nodes"))
+    _put(a, "reveal.peers.suspect", bool(p.get("suspect")))
+    _put(a, "reveal.peers.suspect_nodes", p.get("suspect_nodes"))
+    _put(a, "reveal.peers.summary", p.get("summary"))
+    return a
+
+
+def peer_event_attributes(sp: dict[str, Any], max_evidence: int) -> dict[str, Any]:
+    """One peer suspect as a span event: node, rank, subsystem, span, evidence against the
+    peers' median, impact."""
+    a: dict[str, Any] = {}
+    for k in ("node", "rank", "gpu", "subsystem", "score", "start", "end", "id"):
+        _put(a, f"reveal.peer.{k}", sp.get(k))
+    ev = list(sp.get("evidence") or [])[:max_evidence]
+    if ev:
+        _put(a, "reveal.peer.evidence.channels", [str(e["channel"]) for e in ev])
+        _put(a, "reveal.peer.evidence.deviations", [float(e["deviation"]) for e in ev])
+        if all(e.get("observed") is not None and e.get("peers") is not None for e in ev):
+            _put(a, "reveal.peer.evidence.observed", [float(e["observed"]) for e in ev])
+            _put(a, "reveal.peer.evidence.peers", [float(e["peers"]) for e in ev])
+    imp = sp.get("impact") or {}
+    _put(a, "reveal.peer.iteration_time_pct", imp.get("iteration_time_pct"))
+    hints = sp.get("hints") or []
+    if hints:
+        _put(a, "reveal.peer.hint", hints[0].get("title"))
+        _put(a, "reveal.peer.action", hints[0].get("action"))
+    return a
+
+
 def hint_attributes(h: dict[str, Any]) -> dict[str, Any]:
     a: dict[str, Any] = {}
     for k in ("title", "severity", "why", "action", "rule", "id"):
@@ -305,6 +342,12 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     root.set_attribute("reveal.analysis.status", str(report.get("status", "ok")))
     root.set_attribute("reveal.telemetry.start", tel_start)
     root.set_attribute("reveal.telemetry.end", tel_end)
+    for k, v in peer_attributes(report).items():
+        root.set_attribute(k, v)
+    for sp in (report.get("job_peers") or {}).get("suspects") or []:
+        if isinstance(sp, dict) and isinstance(sp.get("start"), (int, float)):
+            root.add_event("peer_suspect", attributes=peer_event_attributes(
+                sp, cfg.max_evidence), timestamp=_ns(sp["start"]))
     root_ctx = trace_api.set_span_in_context(root)
 
     exit_codes = _step_exit_codes(report, meta)
