@@ -1,0 +1,127 @@
+"""The agent's housekeeping loop: the pending queue (requests root left while no agent
+listened), runs whose owner died, old job directories, and exiting when idle."""
+from __future__ import annotations
+
+import logging
+import os
+import select
+import time
+
+from ..types import RunInfo
+from . import pending, store
+
+log = logging.getLogger("reveal.agent")
+
+
+class Housekeeping:
+    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the background chores."""
+
+    def prune_old_jobs(self, now: float | None = None) -> list[str]:
+        """Remove ``<spool>/jobs/<job>`` once every run in it ended more than
+        ``retention_days`` ago (config, default 30; 0 keeps everything).  ``shutil.rmtree``
+        works on directory descriptors here and never follows a planted symlink."""
+        import shutil
+        days = float(self.config.get("retention_days", 30))
+        if days <= 0:
+            return []
+        cutoff = (time.time() if now is None else now) - days * 86400
+        jobs = os.path.join(self.spool, "jobs")
+        removed = []
+        try:
+            names = os.listdir(jobs)
+        except OSError:
+            return removed
+        open_ids = {st.run.job_id for st in self._runs.values()}
+        for job in names:
+            d = os.path.join(jobs, job)
+            if job in open_ids or os.path.islink(d) or not os.path.isdir(d):
+                continue
+            try:
+                ends = [store.read_meta(os.path.join(d, h)).get("end") for h in os.listdir(d)]
+            except Exception:
+                continue  # unreadable or torn: an operator should look, not the agent delete
+            if ends and all(e is not None and e < cutoff for e in ends):
+                shutil.rmtree(d, ignore_errors=True)
+                removed.append(job)
+        if removed:
+            log.info("removed %d job directories older than %g days", len(removed), days)
+        return removed
+
+    def _pending_loop(self) -> None:
+        pend = os.path.join(self.spool, "pending")
+        while not self._stop.is_set():
+            self.take_pending(pend)
+            try:
+                self._reap_owners()
+                if time.monotonic() >= self._next_prune:
+                    self._next_prune = time.monotonic() + 3600
+                    self.prune_old_jobs()
+            except Exception as e:
+                log.warning("housekeeping failed: %s: %s", type(e).__name__, e)
+            if self._stop.wait(0.5):
+                break
+            if self.exit_when_idle and not self._runs and \
+                    time.monotonic() - self._idle_since > self.idle_grace_s:
+                log.info("no runs left; exiting")
+                self._stop.set()
+            if self._runs:
+                self._idle_since = time.monotonic()
+
+    def take_pending(self, pend: str) -> None:
+        """Register runs queued as files while the socket was not up (root/own-uid files only).
+
+        A registration whose unregister is queued too (the job ended while no agent ran) is
+        finalized at once, so the Epilog's analysis finds a closed run and no sampling starts
+        for a job that is gone."""
+        reqs = pending.take(pend, (0, self.uid))
+        ended = {r.get("run_id") for _, r in reqs if r.get("op") == "unregister"}
+        for path, req in reqs:
+            try:
+                op = req.get("op", "register")
+                if op == "register":
+                    run = RunInfo.from_dict(req["run"])
+                    if self._already_closed(run):
+                        log.info("pending registration %s: run %s was closed while no agent "
+                                 "ran (its job ended); not reopened", path, run.run_id)
+                        continue
+                    self.register(run)
+                    if run.run_id in ended:
+                        self.event(run.run_id, "registered_after_end", source="pending")
+                elif op == "unregister":
+                    self.unregister(req["run_id"], req.get("exit_code"))
+                elif op == "event":
+                    self.event(req.pop("run_id"), req.pop("event"), req.pop("t", None),
+                               **{k: v for k, v in req.items() if k not in ("op", "v")})
+            except Exception as e:
+                log.warning("pending request %s ignored: %s: %s", path, type(e).__name__, e)
+
+    @staticmethod
+    def _already_closed(run: RunInfo) -> bool:
+        """The run directory holds a finished run (the Epilog finalized it from disk)."""
+        if not run.run_dir:
+            return False
+        try:
+            return store.read_meta(run.run_dir).get("end") is not None
+        except Exception:  # absent or unreadable: nothing to protect
+            return False
+
+    def _reap_owners(self) -> None:
+        """Close runs whose owning process died (pidfd readable = the process exited)."""
+        with self._lock:
+            watched = [(st.run.run_id, st.owner_fd) for st in self._runs.values()
+                       if st.owner_fd is not None]
+        if not watched:
+            return
+        ready, _, _ = select.select([fd for _, fd in watched], [], [], 0)
+        for run_id, fd in watched:
+            if fd in ready:
+                log.warning("run %s: its owner process died without closing it; closing it",
+                            run_id)
+                try:
+                    with self._lock:
+                        st = self._runs.get(run_id)
+                        if st is not None:
+                            self._event(st, "owner_gone")
+                    self.unregister(run_id, None)
+                except KeyError:
+                    pass

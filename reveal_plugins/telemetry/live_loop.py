@@ -1,0 +1,51 @@
+"""The agent's live loop: every few seconds, each live run's new rows go to its
+:class:`~reveal_plugins.detect.live.LiveAnalyzer`; findings become ``live_finding`` events and
+``reveal_live_finding`` hook calls (OTel span events, peers)."""
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+
+from ..hooks import call_safely
+from ..types import ChannelMeta
+
+log = logging.getLogger("reveal.agent")
+
+
+class LiveLoop:
+    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: live detection."""
+
+    def _make_live(self, channels: list[ChannelMeta]):
+        try:
+            from ..detect.live import LiveAnalyzer
+        except ImportError as e:
+            log.warning("live mode unavailable: %s", e)
+            return None
+        try:
+            return LiveAnalyzer(channels, self.interval_s, self.config)
+        except Exception as e:
+            log.warning("live mode unavailable: %s: %s", type(e).__name__, e)
+            return None
+
+    def _live_loop(self, every_s: float = 2.0) -> None:
+        while not self._stop.wait(every_s):
+            with self._lock:
+                work = []
+                for st in self._runs.values():
+                    if st.live is not None and st.live_t:
+                        work.append((st, np.asarray(st.live_t), np.vstack(st.live_rows)))
+                        st.live_t, st.live_rows = [], []
+            for st, t, rows in work:
+                try:
+                    findings = st.live.update(t, rows) or []
+                except Exception as e:
+                    log.warning("live analysis of %s failed: %s: %s", st.run.run_id,
+                                type(e).__name__, e)
+                    st.live = None
+                    continue
+                for a in findings:
+                    st.live_findings += 1
+                    with self._lock:
+                        self._event(st, "live_finding", anomaly=a)
+                    call_safely("reveal_live_finding", run=st.run, anomaly=a)

@@ -1,0 +1,52 @@
+"""What the agent keeps per registered run, and the limits on what its senders may write."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..types import ChannelMeta, RunInfo
+from . import store
+from .probe import Probe
+
+
+@dataclass(frozen=True)
+class RunLimits:
+    """What one run's senders may write (docs/protocol.md): beyond these, events are dropped
+    and counted (``events_dropped`` in meta.json), never written."""
+    event_bytes: int = 64 * 1024          # one event, as stored
+    events: int = 100_000                 # events per run
+    events_total_bytes: int = 64 << 20    # events.jsonl per run
+    steps: int = 1024                     # distinct step ids per run
+
+
+def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
+    """Create the run directory through the hardened helper (as root: no symlinks followed,
+    only inside the spool for other users' runs, readable by the run's user alone)."""
+    from .rundir import create_run_dir
+    path, spool = os.path.abspath(path), os.path.abspath(spool)
+    inside = os.path.commonpath([path, spool]) == spool
+    return create_run_dir(path, uid=uid, gid=gid, spool=spool if inside else None)
+
+
+@dataclass
+class RunState:
+    run: RunInfo
+    writer: store.SegmentWriter
+    host_idx: np.ndarray              # columns of the host row this run receives
+    probes: list[Probe]               # run-scoped probes (cgroup, ...)
+    channels: list[ChannelMeta]
+    meta: dict[str, Any]
+    start: float
+    steps: dict[str, dict[str, Any]] = field(default_factory=dict)
+    write_error: str | None = None
+    live: Any = None
+    live_t: list[float] = field(default_factory=list)
+    live_rows: list[np.ndarray] = field(default_factory=list)
+    live_findings: int = 0
+    events_written: int = 0
+    events_bytes: int = 0
+    events_dropped: int = 0
+    owner_fd: int | None = None           # pidfd of the process whose death closes the run
