@@ -142,3 +142,67 @@ def test_bad_setting_names_the_key():
         settings({"thresold": 3})
     with pytest.raises(ValueError, match="min_z"):
         settings({"min_z": -1})
+
+
+# -- live: every node publishes its recent blocks, compares itself with its peers ------------
+
+def _live_nodes(tmp_path, n, key="job-42"):
+    from reveal_plugins.detect.live_peers import for_run
+    from reveal_plugins.telemetry import store
+    from reveal_plugins.types import RunInfo
+    out = []
+    for i in range(n):
+        d = tmp_path / "jobs" / "42" / f"node{i:02d}"
+        d.mkdir(parents=True)
+        store.write_meta(str(d), {"schema": "reveal.run/1", "channels": [], "start": T0,
+                                  "run": {"run_id": key, "job_id": "42"}})
+        out.append(for_run(RunInfo(run_id=key, run_dir=str(d), source="slurm")))
+    return out
+
+
+def _replay(lives, series, t_from, t_to, step=2.0):
+    """Drive the nodes as the agents' live loops do (publish, then compare, every 2 s) and
+    return [(time of the check, suspect)]."""
+    found = []
+    for now in np.arange(t_from, t_to, step):
+        for lv, s in zip(lives, series):
+            sel = (s.t <= T0 + now) & (s.t > T0 + now - 120)
+            lv.publish(s.t[sel], s.X[sel], s.names, s.units)
+        for lv in lives:
+            found += [(now, sp) for sp in lv.check(now=T0 + now)]
+    return found
+
+
+def test_live_names_the_suspect_within_10_s_of_onset(tmp_path):
+    onset = 70.0
+    series = frames(3, seconds=110, fault=(1, "cpu", onset, 100), seed=21)
+    lives = _live_nodes(tmp_path, 3)
+    found = _replay(lives, series, 20, 100)
+    assert found, "no live suspect"
+    first_t, sp = found[0]
+    assert sp["node"] == "node01" and sp["subsystem"] == "cpu" and sp["live"] is True
+    assert first_t - onset <= 10.0, first_t - onset
+    assert {s["node"] for _, s in found} == {"node01"}
+    # each checking node names it once for the episode, not every 2 s
+    assert len(found) <= len(lives), [(t, s["node"]) for t, s in found]
+
+
+def test_live_clean_job_names_no_one(tmp_path):
+    series = frames(3, seconds=110, seed=22, offset_rank0=True)
+    lives = _live_nodes(tmp_path, 3)
+    assert _replay(lives, series, 20, 108) == []
+
+
+def test_live_leaves_out_stale_and_foreign_files(tmp_path):
+    series = frames(2, seconds=60, fault=(1, "cpu", 40, 55), seed=23)
+    lives = _live_nodes(tmp_path, 2)
+    other = _live_nodes(tmp_path / "x", 1, key="another-job")[0]
+    sel = series[1].t <= T0 + 50
+    other.publish(series[1].t[sel], series[1].X[sel], series[1].names, series[1].units)
+    other.run_dir = str(tmp_path / "jobs" / "42" / "zz")     # a different job's file in the dir
+    os = __import__("os")
+    os.makedirs(other.run_dir)
+    other.publish(series[1].t[sel], series[1].X[sel], series[1].names, series[1].units)
+    lives[0].publish(series[0].t[series[0].t <= T0 + 50], series[0].X[series[0].t <= T0 + 50],
+                     series[0].names, series[0].units)
+    assert lives[0].check(now=T0 + 50) == []          # its only same-job peer has no file yet

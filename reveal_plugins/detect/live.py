@@ -78,6 +78,15 @@ class LiveAnalyzer:
             log.warning("live analysis failed: %s: %s", type(e).__name__, e)
             return []
 
+    def horizon(self) -> tuple[np.ndarray, np.ndarray, list[str], list[str]] | None:
+        """The prepared samples held (rates and derived metrics of the last ``horizon_s``),
+        with their names and units; None before the first update.  The live peer comparison
+        (:mod:`reveal_plugins.detect.live_peers`) publishes them."""
+        names = getattr(self, "_h_names", None)
+        if self._X is None or names is None or not len(self._t):
+            return None
+        return self._t, self._X, names, self._h_units
+
     # -- internals -----------------------------------------------------------------------
 
     def _update(self, t: np.ndarray, rows: np.ndarray) -> list[dict]:
@@ -99,6 +108,7 @@ class LiveAnalyzer:
             tt, rr = t, rows
         Xn, names, units, _, _ = to_rates(tt, rr, self.metas, self.interval_s)
         Xn, names, units = add_derived(Xn, names, units, tt)
+        self._h_names, self._h_units = names, units
         if self._last_raw is not None:
             Xn = Xn[1:]
         self._last_raw = rows[-1].copy()

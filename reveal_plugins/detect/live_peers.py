@@ -1,0 +1,183 @@
+"""Live peer comparison: the suspect node of a multi-node job named while the job runs.
+
+Every node's agent, in live mode, does two things every ~2 s for a run whose run directory
+has sibling run directories of the same job (a shared spool, ``<spool>/jobs/<job>/<node>/``,
+or ``reveal-torchrun --reveal-out`` on a shared filesystem):
+
+1. **publish** its recent telemetry as 1-s block means on the wall-clock second grid
+   (``live-peers.npz`` in its run directory: a few hundred KB, replaced atomically), computed
+   from the horizon the :class:`reveal_plugins.detect.live.LiveAnalyzer` already holds;
+2. **compare** itself and up to ``max_peers`` of its peers (the nearest in host order) with
+   :func:`reveal_plugins.detect.peers.compare` on what they published, and return each suspect
+   that is still going on and was not reported yet.
+
+Files older than ``stale_s`` (a node that finished, or whose agent died) are left out.  The
+agent records each suspect as a ``peer_suspect`` event and hands it to the
+``reveal_live_finding`` hook (the OTel sink adds a span event).
+"""
+from __future__ import annotations
+
+import io
+import logging
+import os
+import time
+from typing import Any
+
+import numpy as np
+
+from ..telemetry import store
+from .peers import NodeSeries, compare
+
+log = logging.getLogger(__name__)
+
+FILE = "live-peers.npz"
+LIVE_PEER_DEFAULTS: dict[str, Any] = {
+    "max_peers": 16,      # peers compared with (the nearest in host order)
+    "stale_s": 10.0,      # a peer's file older than this is left out
+    "gap_s": 10.0,        # the same node and subsystem are named again only after this
+    "horizon_s": 120.0,   # what is published (and compared)
+}
+
+
+def block_means(t: np.ndarray, X: np.ndarray, block_s: float = 1.0
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """1-s block means on the wall-clock grid (complete blocks with at least half their
+    samples): every node's blocks line up, whenever it started."""
+    if len(t) < 2:
+        return np.zeros(0), np.zeros((0, X.shape[1]), np.float32)
+    b = np.floor(t / block_s).astype(np.int64)
+    keys, start, counts = np.unique(b, return_index=True, return_counts=True)
+    iv = float(np.median(np.diff(t)))
+    full = counts >= 0.5 * block_s / max(iv, 1e-6)
+    full[-1] = full[-1] and (t[-1] - keys[-1] * block_s) >= block_s - 1.5 * iv
+    fin = np.isfinite(X)
+    sums = np.add.reduceat(np.where(fin, X, 0.0).astype(np.float64), start, axis=0)
+    n = np.add.reduceat(fin.astype(np.float64), start, axis=0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        M = (sums / np.where(n > 0, n, np.nan)).astype(np.float32)
+    return (keys[full] + 0.5) * block_s, M[full]
+
+
+def _job_key(meta: dict) -> str | None:
+    run = meta.get("run") or {}
+    return str(run.get("job_id") or run.get("run_id") or "") or None
+
+
+class PeerLive:
+    """Publishes one node's recent blocks and compares them with its peers' (see module)."""
+
+    def __init__(self, run_dir: str, node: str, key: str, start: float,
+                 config: dict | None = None):
+        cfg = dict(LIVE_PEER_DEFAULTS)
+        cfg.update({k: float(v) for k, v in (config or {}).items() if k in cfg})
+        self.cfg = cfg
+        self.run_dir, self.node, self.key, self.start = run_dir, node, key, float(start)
+        self._reported: dict[tuple[str, str], float] = {}
+        self.checks = 0
+
+    # -- publish -------------------------------------------------------------------------
+    def publish(self, t: np.ndarray, X: np.ndarray, names: list[str], units: list[str]) -> None:
+        lo = float(t[-1]) - self.cfg["horizon_s"] if len(t) else 0.0
+        sel = t >= lo
+        bt, M = block_means(t[sel], X[sel])
+        buf = io.BytesIO()
+        np.savez(buf, t=bt, X=M, names=np.array(names, dtype=str),
+                 units=np.array(units, dtype=str), node=np.array(self.node),
+                 key=np.array(self.key), start=np.array(self.start))
+        from ..telemetry.rundir import write_file
+        write_file(self.run_dir, FILE, buf.getvalue(), 0o644, sync=False)
+
+    # -- compare -------------------------------------------------------------------------
+    def peer_dirs(self) -> list[str]:
+        """Sibling run directories of the same job, nearest in host order, up to max_peers."""
+        parent = os.path.dirname(os.path.abspath(self.run_dir))
+        me = os.path.basename(os.path.abspath(self.run_dir))
+        try:
+            names = sorted(d for d in os.listdir(parent) if d != me)
+        except OSError:
+            return []
+        names = [d for d in names if os.path.isfile(os.path.join(parent, d, FILE))
+                 and not os.path.islink(os.path.join(parent, d))]
+        k = int(self.cfg["max_peers"])
+        if len(names) > k:   # the nearest in host order, wrapping around
+            pos = sum(1 for d in names if d < me)
+            names = [names[(pos + j) % len(names)] for j in range(-(k // 2), k - k // 2)]
+        return [os.path.join(parent, d) for d in names]
+
+    @staticmethod
+    def read(run_dir: str) -> dict | None:
+        """A peer's published blocks (None when unreadable); never follows a symlink."""
+        try:
+            fd = os.open(os.path.join(run_dir, FILE), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read(64 << 20)
+            z = np.load(io.BytesIO(data), allow_pickle=False)
+            return {k: z[k] for k in ("t", "X", "names", "units", "node", "key", "start")}
+        except Exception as e:   # torn, foreign or hostile file: leave that peer out
+            log.debug("peer file %s unreadable: %s", run_dir, e)
+            return None
+
+    def check(self, now: float | None = None) -> list[dict]:
+        """Compare the published blocks of this node and its peers; new ongoing suspects."""
+        self.checks += 1
+        now = time.time() if now is None else now
+        mine = self.read(self.run_dir)
+        if mine is None or len(mine["t"]) < 10:
+            return []
+        nodes = [self._series(mine)]
+        for d in self.peer_dirs():
+            p = self.read(d)
+            if p is None or str(p["key"]) != self.key or not len(p["t"]):
+                continue
+            if float(p["t"][-1]) < float(mine["t"][-1]) - self.cfg["stale_s"]:
+                continue
+            nodes.append(self._series(p))
+        if len(nodes) < 2 or len({s.node for s in nodes}) < len(nodes):
+            return []
+        res = compare(nodes, {"cooldown_s": 0.0, "warmup_s": 15.0})
+        newest = min(float(s.t[-1]) for s in nodes)
+        out = []
+        for sp in res.suspects:
+            k = (sp["node"], sp["subsystem"])
+            if sp["end"] < newest - 3.0:         # over already: the batch report tells it
+                continue
+            last = self._reported.get(k)
+            if last is not None and sp["start"] <= last + self.cfg["gap_s"]:
+                self._reported[k] = sp["end"]
+                continue
+            self._reported[k] = sp["end"]
+            sp.update({"live": True, "detected_at": round(now, 3),
+                       "peers_compared": len(nodes) - 1})
+            out.append(sp)
+        return out
+
+    @staticmethod
+    def _series(p: dict) -> NodeSeries:
+        return NodeSeries(str(p["node"]), np.asarray(p["t"], np.float64),
+                          np.asarray(p["X"], np.float64), [str(x) for x in p["names"]],
+                          [str(x) for x in p["units"]], starts=[float(p["start"])], ends=[])
+
+
+def for_run(run: Any, config: dict | None = None) -> PeerLive | None:
+    """A :class:`PeerLive` for an agent's run when its run directory sits in a job directory
+    (``<...>/<job>/<node>/``); None otherwise or when live peers are off (``config["peers"]
+    = False``)."""
+    if isinstance(config, dict) and config.get("live_peers") is False:
+        return None
+    run_dir = getattr(run, "run_dir", None)
+    if not run_dir:
+        return None
+    try:
+        meta = store.read_meta(run_dir)
+    except Exception:
+        return None
+    key = _job_key(meta)
+    if key is None:
+        return None
+    node = os.path.basename(os.path.normpath(run_dir))
+    lp = (config or {}).get("live_peers") if isinstance(config, dict) else None
+    return PeerLive(run_dir, node, key, float(meta.get("start") or time.time()),
+                    lp if isinstance(lp, dict) else None)
