@@ -16,7 +16,7 @@ import shutil
 import pytest
 
 DAY = 86400.0
-T0 = 1_790_000_000.0   # 2026-09-21
+T0 = 1_789_948_800.0   # 2026-09-21 00:00 UTC
 
 
 def make_templates(root: str) -> dict[str, str]:

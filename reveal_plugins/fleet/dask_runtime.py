@@ -19,6 +19,7 @@ import contextlib
 import os
 import socket
 import sys
+import tempfile
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..report.progress import Progress
@@ -80,11 +81,10 @@ def dask_client(scheduler: str | None = None, slurm_workers: int | None = None,
             kw: dict[str, Any] = dict(
                 cores=1, processes=1, memory="2GB", python=sys.executable,
                 walltime="01:00:00", job_name="reveal-fleet",
-                scheduler_options={"host": host, "dashboard_address": None},
-                # workers are told where to listen: the node's own address, any port
-                worker_extra_args=["--nthreads", "1"],
+                scheduler_options={"host": host, "dashboard_address": ":0"},
                 job_directives_skip=["--mem"],   # sites without memory accounting refuse it
-                log_directory=slurm_log_dir, death_timeout=60)
+                log_directory=slurm_log_dir or tempfile.mkdtemp(prefix="reveal-fleet-slurm-"),
+                death_timeout=60)
             if slurm_partition:
                 kw["queue"] = slurm_partition
             if slurm_account:
@@ -102,7 +102,7 @@ def dask_client(scheduler: str | None = None, slurm_workers: int | None = None,
         else:
             n = workers or os.cpu_count() or 1
             cluster = LocalCluster(n_workers=n, threads_per_worker=1, processes=True,
-                                   dashboard_address=None, silence_logs=40)
+                                   dashboard_address=":0", silence_logs=40)
             client = Client(cluster)
     except FleetRuntimeError:
         if cluster is not None:
