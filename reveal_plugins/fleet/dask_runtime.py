@@ -127,12 +127,21 @@ def client_from_args(args: argparse.Namespace):
                        slurm_account=args.slurm_account)
 
 
+def _traced(items: list, fn: Callable, **kw) -> tuple[Any, str]:
+    """Runs on a worker: the task's result and where it ran (the Slurm job when a worker
+    is one: ``slurm:<jobid>``, else ``host:pid``)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    where = f"slurm:{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
+    return fn(items, **kw), where
+
+
 def run_tasks(client, fn: Callable, items: Sequence, what: str, batch: int = 0,
-              progress: bool | None = None, **kw) -> Iterable:
+              progress: bool | None = None, ran_on: set | None = None, **kw) -> Iterable:
     """Map ``fn`` over batches of ``items`` on the cluster (``fn`` takes a list and returns a
     list); yields each batch's result as it completes, with a progress bar on a terminal.
 
-    Batches keep the task count (and the scheduler's overhead) small for 10,000s of runs."""
+    Batches keep the task count (and the scheduler's overhead) small for 10,000s of runs.
+    ``ran_on`` collects where the tasks ran (see :func:`_traced`)."""
     from distributed import as_completed
 
     items = list(items)
@@ -142,13 +151,15 @@ def run_tasks(client, fn: Callable, items: Sequence, what: str, batch: int = 0,
     if batch <= 0:   # ~8 tasks per worker: balance without per-task overhead
         batch = max(1, min(500, -(-len(items) // (8 * nworkers))))
     chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
-    futs = client.map(fn, chunks, pure=False, **kw)
+    futs = client.map(_traced, chunks, fn=fn, pure=False, **kw)
     sizes = {f.key: len(c) for f, c in zip(futs, chunks)}
     done = 0
     with Progress(enabled=progress) as bar:
         bar.update(what, 0, len(items))
         for fut in as_completed(futs):
-            res = fut.result()
+            res, where = fut.result()
+            if ran_on is not None:
+                ran_on.add(where)
             done += sizes[fut.key]
             bar.update(what, min(done, len(items)), len(items))
             fut.release()

@@ -134,14 +134,17 @@ def node_ranking(fleet: str, client=None, since: float | None = None,
     from .index import check_fleet, part_files
     check_fleet(fleet)
     files = part_files(fleet, "runs")
+    ran_on: set[str] = set()
     if client is None:
         parts = [partial_counts(files, since, until)]
+        ran_on.add("local")
     else:
         from .dask_runtime import run_tasks
         parts = list(run_tasks(client, partial_counts, files, "ranking nodes",
-                               progress=progress, since=since, until=until))
+                               progress=progress, ran_on=ran_on, since=since, until=until))
     out = rank(merge(parts), min_users, min_bad)
     out["files"] = len(files)
+    out["ran_on"] = sorted(ran_on)
     return out
 
 
