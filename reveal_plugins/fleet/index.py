@@ -18,6 +18,7 @@ import fcntl
 import json
 import os
 import time
+import uuid
 from typing import Any, Iterable
 
 import pyarrow as pa
@@ -219,7 +220,8 @@ def _build(paths, fleet, client, features, progress, flush_runs) -> dict[str, An
         if prev is None or prev["signature"] != sigs[d]:
             todo.append(d)
     changed = [by_dir[d] for d in todo if d in by_dir]
-    pass_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{os.getpid()}"
+    # unique per pass (two passes within one second must never overwrite each other's parts)
+    pass_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:10]}"
     writer = _PartWriter(fleet, pass_id, flush_runs)
     errors = 0
     if client is not None:
