@@ -48,6 +48,9 @@ def analyze_main(argv: list[str]) -> int:
     ap.add_argument("--stride", type=_positive, metavar="S", help="window stride (default 1)")
     ap.add_argument("--json", action="store_true", help="print the report as JSON")
     ap.add_argument("--no-publish", action="store_true", help="do not call the report sinks")
+    ap.add_argument("--full", action="store_true",
+                    help="recompute the window features from the raw segments (streaming, "
+                    "bounded memory) instead of using the ones stored while the run went on")
     args = ap.parse_args(argv)
     from ..telemetry.rundir import RunDirError
     from ..telemetry.store import StoreError
@@ -58,6 +61,8 @@ def analyze_main(argv: list[str]) -> int:
         cfg["window_s"] = args.window
     if args.stride:
         cfg["stride_s"] = args.stride
+    if args.full:
+        cfg["full"] = True
     nodes = job_node_dirs(args.run_dir)
     if nodes:
         return analyze_job_main(args.run_dir, nodes, cfg, args)

@@ -234,12 +234,27 @@ def read_names(path: str) -> list[str]:
     return json.loads((pq.read_schema(path).metadata or {})[b"names"])
 
 
+class FeatureFileError(ValueError):
+    """A feature file cannot be read (the analysis then recomputes from the segments)."""
+
+
 def read(path: str, stats: Sequence[str] = STATS) -> Chunk:
-    """One feature file (only the statistics in ``stats``)."""
+    """One feature file (only the statistics in ``stats``); :class:`FeatureFileError` when it
+    is unreadable."""
+    try:
+        return _read(path, stats)
+    except FeatureFileError:
+        raise
+    except Exception as e:
+        raise FeatureFileError(f"{path}: unreadable feature file ({type(e).__name__}: {e})") \
+            from None
+
+
+def _read(path: str, stats: Sequence[str]) -> Chunk:
     pf = pq.ParquetFile(path)
     md = pf.schema_arrow.metadata or {}
     if md.get(b"reveal") != FORMAT.encode():
-        raise ValueError(f"{path}: not a reveal feature file")
+        raise FeatureFileError(f"{path}: not a reveal feature file")
     info = json.loads(md[b"info"])
     c, cf = int(info["channels"]), int(info["full_channels"])
     tab = pf.read(columns=["start", "count", "valid", *stats])

@@ -287,8 +287,8 @@ def resume(metas: Sequence[ChannelMeta], state: dict, warmup: list[tuple[np.ndar
 class FeatureWriter:
     """Featurizes each segment of a run in a background thread, after the agent wrote it.
 
-    The agent calls :meth:`segment_written` (cheap: queues the path) and :meth:`close` when
-    the run ends; featurization never delays sampling and a failure only costs the job-end
+    The agent's segment writer calls it with each segment's path (cheap: queued) and
+    :meth:`close` when the run ends; featurization never delays sampling and a failure only costs the job-end
     analysis some time (it featurizes what is missing)."""
 
     def __init__(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
@@ -302,7 +302,8 @@ class FeatureWriter:
         self._thread.start()
         self.failed: str | None = None
 
-    def segment_written(self, path: str) -> None:
+    def __call__(self, path: str) -> None:
+        """A segment was written (``SegmentWriter.on_segment``): queue it."""
         self._q.put(path)
 
     def close(self, timeout: float = 2.0) -> None:
@@ -330,3 +331,12 @@ class FeatureWriter:
                 self.failed = f"{type(e).__name__}: {e}"
                 log.warning("%s: incremental featurization stopped: %s", self.run_dir,
                             self.failed)
+
+
+def feature_writer(run_dir: str, channels: Sequence[ChannelMeta], interval_s: float | None,
+                   config: dict | None = None) -> FeatureWriter | None:
+    """The agent's hook point: a :class:`FeatureWriter` for a new run (None when turned off
+    with the agent setting ``features = false``)."""
+    if (config or {}).get("features", True) is False:
+        return None
+    return FeatureWriter(run_dir, channels, interval_s)

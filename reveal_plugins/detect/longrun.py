@@ -23,6 +23,7 @@ statistics.
 from __future__ import annotations
 
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -35,7 +36,7 @@ from . import stages
 from .boundaries import boundaries, suppressed
 from .detectors import fuse
 from .events import group, hysteresis, span
-from .featstore import FeatureStore, _seq, read
+from .featstore import FeatureFileError, FeatureStore, _seq, read
 from .featurize import Chunk, full_columns, informative_from, prepared_names
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
 from .prepare import PER_CORE
@@ -108,16 +109,37 @@ def analyze_long(run_dir: str, meta: dict, metas: Sequence, cfg: dict, baseline:
     iv = meta.get("interval_s")
     iv = float(iv) if isinstance(iv, (int, float)) and iv > 0 else None
     names, units = prepared_names(metas)
+    try:
+        return _analyze_store(run_dir, meta, metas, cfg, baseline, events, full, notes, out,
+                              iv, names, units)
+    except FeatureFileError as e:   # a damaged feature file: the segments are the truth
+        if full:
+            raise
+        notes.append(f"{e}; features recomputed from the segments")
+        return analyze_long(run_dir, meta, metas, cfg, baseline, events, True, notes)
+
+
+def _analyze_store(run_dir, meta, metas, cfg, baseline, events, full, notes, out, iv, names,
+                   units):
     fs = _store(run_dir, names, cfg, full, notes)
     try:
         tail, nseg, nbytes = fs.update(run_dir, metas, iv, cfg["window_s"], cfg["stride_s"],
                                        final=True, warnings=notes)
-        seqs = [_seq(p) for p in _segments(run_dir)]
+        paths = _segments(run_dir)
+        seqs = [_seq(p) for p in paths]
         files = fs.cover(seqs)
+        nbytes = sum(_size(p) for p in paths)     # what the run stores, read now or not
         return _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv,
                         full, notes) + (nseg, nbytes)
     finally:
         fs.cleanup()
+
+
+def _size(path: str) -> int:
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def _segments(run_dir: str) -> list[str]:
@@ -136,7 +158,11 @@ def _store(run_dir: str, names: list[str], cfg: dict, full: bool, notes: list[st
         return FeatureStore.temporary()
     files = fs.files()
     if full:
-        fs.clear()
+        try:
+            fs.clear()
+        except OSError as e:
+            notes.append(f"features computed in a temporary directory ({e})")
+            return FeatureStore.temporary()
         return fs
     if files:
         from .featstore import read_info, read_names

@@ -1,0 +1,147 @@
+"""Long runs: incremental features beside the segments, job-end analysis from them (plus the
+raw tail) and ``--full`` from the raw segments give the same report; both find what the
+in-memory pipeline finds."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from reveal_plugins.detect import analyze
+from reveal_plugins.detect.featstore import FeatureStore, read
+from reveal_plugins.detect.featurize import FeatureWriter
+from reveal_plugins.detect.synth import SynthHost
+from reveal_plugins.telemetry import store
+from reveal_plugins.types import ChannelMeta
+
+ANOMALIES = [("cpu", 150.0, 180.0), ("storage", 330.0, 350.0)]
+STREAM = {"stream_after_s": 0}
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("long") / "run")
+    h = SynthHost(4, seed=3, extra_gauges=12, anomalies=ANOMALIES)
+    h.write_run(d, 480.0, 0.1)
+    return d, h.t0
+
+
+def _metas(d):
+    return [ChannelMeta.from_dict(c) for c in store.read_meta(d)["channels"]]
+
+
+def _agent_features(d, upto_last=True):
+    """What the agent leaves: every segment but the last featurized, as it was written."""
+    fs = FeatureStore.for_run(d)
+    fs.clear()
+    fw = FeatureWriter(d, _metas(d), 0.1)
+    paths = store.segment_paths(d)
+    for p in paths[:-1] if upto_last else paths:
+        fw(p)
+    fw.close(timeout=60)
+    assert fw.failed is None
+    return fs
+
+
+def _comparable(rep):
+    rep = json.loads(json.dumps(rep, default=float))
+    for k in ("seconds", "full"):
+        rep["analysis"].pop(k, None)
+    return rep
+
+
+def _events(rep):
+    return [(a["start"], a["end"], a["subsystem"]) for a in rep["anomalies"]]
+
+
+def test_job_end_from_features_matches_full_recomputation(run):
+    d, t0 = run
+    fs = _agent_features(d)
+    n = len(store.segment_paths(d))
+    assert len(fs.files()) == n - 1          # the last segment is the raw tail
+    job_end = analyze(d, STREAM)
+    assert job_end["analysis"]["streamed"] and not job_end["analysis"]["full"]
+    full = analyze(d, {**STREAM, "full": True})
+    assert full["analysis"]["full"]
+    assert _comparable(job_end) == _comparable(full)
+    found = {(a["subsystem"], round(a["start"] - t0)) for a in job_end["anomalies"]}
+    assert {s for s, _ in found} == {"cpu", "storage"}
+    for kind, a, b in ANOMALIES:
+        assert any(s == kind and a - 3 <= st <= a + 3 for s, st in found), found
+
+
+def test_resumed_featurization_writes_the_same_features(run):
+    """An agent restart (a fresh featurizer resuming from the files) changes no number."""
+    d, _ = run
+    paths = store.segment_paths(d)
+    ref = FeatureStore.for_run(d)
+    ref.clear()
+    ref.update(d, _metas(d), 0.1, 3.0, 1.0)
+    want = {os.path.basename(p): read(p) for _, _, p in ref.files()}
+    ref.clear()
+    first = FeatureStore.for_run(d)
+    first.update(d, _metas(d), 0.1, 3.0, 1.0, upto=os.path.basename(paths[20]))
+    FeatureStore.for_run(d).update(d, _metas(d), 0.1, 3.0, 1.0)   # the restarted agent
+    got = {os.path.basename(p): read(p) for _, _, p in ref.files()}
+    assert got.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(got[k].start, want[k].start)
+        for s in want[k].stats:
+            assert np.array_equal(got[k].stats[s], want[k].stats[s], equal_nan=True), (k, s)
+        assert np.array_equal(got[k].colstats, want[k].colstats)
+
+
+def test_streamed_analysis_finds_what_the_in_memory_one_finds(run):
+    """On a run short enough to be fitted on all its windows the streamed path reports the
+    same anomalies (times, subsystems) with scores within 1 % (float32 statistics); fitted on a
+    sample of a third of the windows, the same events within a window's length."""
+    d, _ = run
+    _agent_features(d)
+    mem = analyze(d)
+    assert not mem["analysis"].get("streamed")
+    st = analyze(d, STREAM)
+    assert _events(st) == _events(mem) and len(_events(mem)) == 2
+    for a, b in zip(st["anomalies"], mem["anomalies"]):
+        assert a["score"] == pytest.approx(b["score"], rel=0.01)
+        assert [e["channel"] for e in a["evidence"][:3]] == \
+            [e["channel"] for e in b["evidence"][:3]]
+    sub = analyze(d, {**STREAM, "fit_windows": 150})
+    assert sub["analysis"]["fit_windows"] <= 160
+    assert len(sub["anomalies"]) == 2
+    for (a0, a1, s), (b0, b1, t) in zip(_events(sub), _events(mem)):
+        assert s == t and abs(a0 - b0) <= 3 and abs(a1 - b1) <= 3
+
+
+def test_cli_full_rebuilds_the_feature_store(run):
+    d, _ = run
+    fs = _agent_features(d)
+    victim = fs.files()[3][2]
+    with open(victim, "wb") as f:            # a damaged feature file: --full does not read it
+        f.write(b"garbage")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "analyze", d, "--full",
+                        "--json", "--no-publish"], capture_output=True, text=True, env=env,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert rep["status"] == "ok"
+    assert len(rep["anomalies"]) == 2
+    assert read(victim).start.size >= 0      # rewritten, readable again
+
+
+def test_short_run_and_bad_input_give_a_note_not_a_traceback(tmp_path):
+    d = str(tmp_path / "short")
+    SynthHost(2, seed=1).write_run(d, 5.0, 0.1)
+    rep = analyze(d, STREAM)
+    assert rep["status"] in ("ok", "partial")
+    assert any("too short" in n or "nothing to analyse" in n for n in rep["notes"])
+    seg = store.segment_paths(d)[0]
+    with open(seg, "wb") as f:
+        f.write(b"not parquet")
+    rep = analyze(d, {**STREAM, "full": True})
+    assert rep["status"] == "partial"
+    assert any(seg in n for n in rep["notes"])
