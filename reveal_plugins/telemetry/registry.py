@@ -110,6 +110,7 @@ class RunRegistry:
                             restarts=int(previous.get("restarts", 0)) + 1)
             store.write_meta(run_dir, meta)
             writer = store.SegmentWriter(run_dir, channels, self.segment_s, file_mode=0o640)
+            writer.on_segment = _features(run_dir, channels, self.interval_s, self.config)
         except BaseException:
             for p in rprobes:  # nothing opened for a run that never starts stays open
                 p.close()
@@ -225,6 +226,7 @@ class RunRegistry:
             st.writer.flush()
         except Exception as e:
             self._write_failed(st, f"segment: {e}")
+        st.writer.close()
         now = time.time()
         for s in st.steps.values():
             if s["end"] is None:
@@ -246,3 +248,13 @@ class RunRegistry:
             os.close(st.owner_fd)
             st.owner_fd = None
         call_safely("reveal_run_end", run=st.run, exit_code=exit_code)
+
+
+def _features(run_dir: str, channels: list, interval_s: float, config: dict):
+    """Incremental featurization of the run's segments (detect.featurize), when installed."""
+    try:
+        from ..detect.featurize import feature_writer
+        return feature_writer(run_dir, channels, interval_s, config)
+    except Exception as e:  # detection absent or broken: job-end analysis featurizes
+        log.warning("incremental features unavailable: %s: %s", type(e).__name__, e)
+        return None

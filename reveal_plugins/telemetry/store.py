@@ -139,6 +139,9 @@ class SegmentWriter:
         self._rows: list[np.ndarray] = []
         self._first_t: float | None = None
         self.seq = self._next_seq()
+        # called with the path of every segment written (the incremental featurizer of
+        # reveal_plugins.detect.featurize); its close() is called by close()
+        self.on_segment: Any = None
         self.bytes_written = 0
         self.samples_written = 0
         self._names = pa.array([SAMPLE_CHANNEL] + [c.name for c in channels], pa.string())
@@ -193,7 +196,22 @@ class SegmentWriter:
         self.seq += 1
         self.bytes_written += size
         self.samples_written += n
-        return os.path.join(self.dir, name)
+        path = os.path.join(self.dir, name)
+        if self.on_segment is not None:
+            try:
+                self.on_segment(path)
+            except Exception as e:  # a consumer never costs a segment
+                log.warning("%s: segment consumer failed: %s", path, e)
+        return path
+
+    def close(self) -> None:
+        """The run ended (after the last :meth:`flush`): let the segment consumer finish."""
+        close = getattr(self.on_segment, "close", None)
+        if close is not None:
+            try:
+                close()
+            except Exception as e:
+                log.warning("%s: segment consumer failed to close: %s", self.dir, e)
 
 
 def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
