@@ -1,0 +1,291 @@
+#!/usr/bin/env python3
+"""Peer comparison on real multi-node jobs, against per-node analysis alone (same runs).
+
+    flock -x /tmp/reveal-quiet.lock true   # (the script takes the lock itself, per run)
+    python benchmarks/peers/run.py [--runs 20] [--seconds 50] [--split dev|test] [--keep DIR]
+
+Every run is one ``examples/multinode.sh`` job (2 nodes, each with its own network namespace,
+CPU set, agent, one gloo DDP rank).  The schedule is drawn from the split's seed (dev and test
+never share a draw; tune on dev, report test): at least 5 clean runs (at least a quarter), the
+others a fault on a random node, a random time after ``ready`` and for a random length:
+
+* ``cpu``      a CPU hog pinned to the node's CPU set (stress-ng --cpu)
+* ``network``  tc tbf on the node's interface (20 or 50 Mbit/s)
+* ``memory``   stress-ng --vm on the node's CPUs (page faults, memory bandwidth)
+* ``io``       stress-ng --hdd with fsync from the node's CPUs (the disk itself is shared)
+
+Scored per fault run: the job report's top peer suspect overlapping the fault (start - 3 s ..
+end + 10 s) must name the node (``node_acc``) and the subsystem (``subsystem_acc``, expected
+cpu / network / memory / storage); onset latency = suspect start - fault start.  Clean runs:
+any suspect is false (``false_suspects_clean`` = clean runs with one).  Live: the first live
+event naming a suspect node (any node's events.jsonl, an event whose name holds "suspect"),
+minus the fault start.  The reference, from the same recordings: each node's own report
+(today's per-node analysis), naming the node whose anomaly overlapping the fault scores
+highest; on clean runs any anomaly on any node names a node; live = the first ``live_finding``
+of any node after the fault start.
+
+Each run holds /tmp/reveal-quiet.lock exclusively (``--lock``) while it runs, so the machine's
+other work pauses between runs, not during one.  Results are appended to
+``benchmarks/peers/results/<date>.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import random
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+EXAMPLE = os.path.join(ROOT, "examples", "multinode.sh")
+EXPECT = {"cpu": "cpu", "network": "network", "memory": "memory", "io": "storage"}
+SEEDS = {"dev": 11, "test": 12}
+FAULT_RE = re.compile(r"fault (\w+) node=(\S+) start=([0-9.]+) end=([0-9.]+)")
+
+
+def schedule(n: int, split: str, seed: int | None) -> list[dict]:
+    rng = random.Random(SEEDS[split] if seed is None else seed)
+    clean = max(5, round(n / 4)) if n >= 5 else n // 2
+    faults = sorted(EXPECT)   # balanced: each kind as often as the others (+-1)
+    kinds = ["clean"] * clean + [faults[(i + rng.randrange(4)) % 4] if i >= (n - clean) // 4 * 4
+                                 else faults[i % 4] for i in range(n - clean)]
+    rng.shuffle(kinds)
+    out = []
+    for k in kinds:
+        r = {"kind": k}
+        if k != "clean":
+            r.update(node=rng.randint(1, 2), at=rng.randint(6, 12), dur=rng.randint(14, 20))
+            if k == "network":
+                r["rate"] = rng.choice(["20mbit", "50mbit"])
+        out.append(r)
+    return out
+
+
+def run_one(plan: dict, seconds: int, spool: str, lock: str | None) -> dict:
+    cmd = ["bash", EXAMPLE, "--seconds", str(seconds), "--spool", spool]
+    if plan["kind"] != "clean":
+        cmd += ["--fault", plan["kind"], "--node", str(plan["node"]), "--fault-at",
+                str(plan["at"]), "--fault-for", str(plan["dur"])]
+        if "rate" in plan:
+            cmd += ["--rate", plan["rate"]]
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666) if lock else None
+    try:
+        if fd is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        t = time.monotonic()
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 150)
+        wall = time.monotonic() - t
+    finally:
+        if fd is not None:
+            os.close(fd)
+    out = {"plan": plan, "rc": p.returncode, "wall": wall, "stdout": p.stdout,
+           "stderr": p.stderr[-4000:]}
+    last = p.stdout.strip().splitlines()[-1:] or [""]
+    if last[0].startswith("report="):
+        with open(last[0][len("report="):]) as f:
+            out["job"] = json.load(f)
+    m = FAULT_RE.search(p.stderr)
+    if m:
+        out["fault"] = {"kind": m.group(1), "node": m.group(2), "start": float(m.group(3)),
+                        "end": float(m.group(4))}
+    if "job" in out:
+        jobdir = os.path.join(spool, "jobs", str(out["job"]["job_id"]))
+        out["events"] = {h: _live_events(os.path.join(jobdir, h)) for h in os.listdir(jobdir)
+                         if os.path.isfile(os.path.join(jobdir, h, "meta.json"))}
+    return out
+
+
+def _live_events(run_dir: str) -> list[dict]:
+    ev = []
+    try:
+        with open(os.path.join(run_dir, "events.jsonl")) as f:
+            for line in f:
+                if '"live_finding"' in line or "suspect" in line:
+                    try:
+                        ev.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return ev
+
+
+def _overlaps(a: dict, lo: float, hi: float) -> bool:
+    return a["start"] <= hi and a["end"] >= lo
+
+
+def score(res: dict) -> dict:
+    """Peers' and the reference's verdict for one run."""
+    plan, job = res["plan"], res.get("job")
+    s: dict = {"kind": plan["kind"], "ok": res["rc"] == 0 and job is not None}
+    if not s["ok"]:
+        return s
+    fault = res.get("fault")
+    if plan["kind"] != "clean" and fault is None:
+        s["ok"] = False
+        return s
+    suspects = (job.get("peers") or {}).get("suspects", [])
+    anomalies = [dict(a, node=r["run"]["nodes"][0]) for r in job["reports"]
+                 for a in r.get("anomalies", [])]
+    live_peer = sorted((e.get("t", 0), e) for evs in res.get("events", {}).values() for e in evs
+                       if "suspect" in str(e.get("event")))
+    live_ref = sorted((e.get("t", 0), h, e) for h, evs in res.get("events", {}).items()
+                      for e in evs if e.get("event") == "live_finding")
+    if plan["kind"] == "clean":
+        s.update(false=len(suspects), ref_false=len(anomalies),
+                 named=",".join(sorted({x["node"] for x in suspects})) or "-",
+                 ref_named=",".join(sorted({x["node"] for x in anomalies})) or "-")
+        return s
+    lo, hi = fault["start"] - 3, fault["end"] + 10
+    want_node, want_sub = fault["node"], EXPECT[plan["kind"]]
+    hit = sorted((x for x in suspects if _overlaps(x, lo, hi)), key=lambda x: -x["score"])
+    ref = sorted((x for x in anomalies if _overlaps(x, lo, hi)), key=lambda x: -x["score"])
+    s["want"] = f"{want_node}/{want_sub}"
+    s["got"] = f"{hit[0]['node']}/{hit[0]['subsystem']}" if hit else "-"
+    s["node_ok"] = bool(hit) and hit[0]["node"] == want_node
+    s["sub_ok"] = s["node_ok"] and hit[0]["subsystem"] == want_sub
+    s["latency"] = hit[0]["start"] - fault["start"] if s["node_ok"] else None
+    s["other_node"] = sum(x["node"] != want_node for x in suspects)
+    s["ref_got"] = f"{ref[0]['node']}/{ref[0]['subsystem']}" if ref else "-"
+    s["ref_node_ok"] = bool(ref) and ref[0]["node"] == want_node
+    s["ref_sub_ok"] = s["ref_node_ok"] and ref[0]["subsystem"] == want_sub
+    s["ref_latency"] = ref[0]["start"] - fault["start"] if s["ref_node_ok"] else None
+    lp = [(t, e) for t, e in live_peer if lo <= t <= hi + 30
+          and want_node in json.dumps(e)]
+    s["live"] = lp[0][0] - fault["start"] if lp else None
+    lr = [(t, h) for t, h, e in live_ref if lo <= t <= hi + 30]
+    s["ref_live"] = lr[0][0] - fault["start"] if lr else None
+    s["ref_live_node_ok"] = bool(lr) and lr[0][1] == want_node
+    return s
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, float):
+        return f"{v:.1f}"
+    return str(v)
+
+
+def _p50(xs: list) -> str:
+    xs = [x for x in xs if x is not None]
+    return f"{statistics.median(xs):.1f}" if xs else "n/a"
+
+
+def _acc(xs: list) -> str:
+    return f"{sum(xs) / len(xs):.2f}" if xs else "n/a"
+
+
+def summary(scores: list[dict]) -> list[str]:
+    ok = [s for s in scores if s["ok"]]
+    f = [s for s in ok if s["kind"] != "clean"]
+    c = [s for s in ok if s["kind"] == "clean"]
+    line1 = (f"node_acc={_acc([s['node_ok'] for s in f])} "
+             f"subsystem_acc={_acc([s['sub_ok'] for s in f])} "
+             f"false_suspects_clean={sum(s['false'] > 0 for s in c)}/{len(c)} "
+             f"live_latency_s_p50={_p50([s['live'] for s in f])} "
+             f"ref_node_acc={_acc([s['ref_node_ok'] for s in f])}")
+    line2 = (f"fault_runs={len(f)} clean_runs={len(c)} failed_runs={len(scores) - len(ok)} "
+             f"end_latency_s_p50={_p50([s['latency'] for s in f])} "
+             f"suspects_on_other_node={sum(s['other_node'] for s in f)} "
+             f"live_found={sum(s['live'] is not None for s in f)}/{len(f)} "
+             f"ref_subsystem_acc={_acc([s['ref_sub_ok'] for s in f])} "
+             f"ref_false_clean={sum(s['ref_false'] > 0 for s in c)}/{len(c)} "
+             f"ref_end_latency_s_p50={_p50([s['ref_latency'] for s in f])} "
+             f"ref_live_latency_s_p50={_p50([s['ref_live'] for s in f])} "
+             f"ref_live_node_acc={_acc([s['ref_live_node_ok'] for s in f])}")
+    per_kind = []
+    for k in sorted(EXPECT):
+        ks = [s for s in f if s["kind"] == k]
+        if ks:
+            per_kind.append(f"{k}: node {sum(s['node_ok'] for s in ks)}/{len(ks)} "
+                            f"sub {sum(s['sub_ok'] for s in ks)}/{len(ks)} "
+                            f"ref node {sum(s['ref_node_ok'] for s in ks)}/{len(ks)}")
+    return [line1, line2, "per kind: " + "; ".join(per_kind)]
+
+
+def run_line(i: int, res: dict, s: dict) -> str:
+    p = res["plan"]
+    head = f"run={i:02d} kind={p['kind']}"
+    if p["kind"] != "clean":
+        head += f" node=node{p['node']} at=+{p['at']}s for={p['dur']}s" + (
+            f" rate={p['rate']}" if "rate" in p else "")
+    if not s["ok"]:
+        return f"{head} FAILED rc={res['rc']} {res['stderr'].strip().splitlines()[-1:]}"
+    if p["kind"] == "clean":
+        return (f"{head} suspects={s['false']} named={s['named']} "
+                f"ref_anomalies={s['ref_false']} ref_named={s['ref_named']} "
+                f"wall={res['wall']:.0f}s")
+    return (f"{head} want={s['want']} peers={s['got']} lat={_fmt(s['latency'])} "
+            f"live={_fmt(s['live'])} other_node={s['other_node']} ref={s['ref_got']} "
+            f"ref_lat={_fmt(s['ref_latency'])} ref_live={_fmt(s['ref_live'])} "
+            f"wall={res['wall']:.0f}s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--seconds", type=int, default=50, help="training time per job")
+    ap.add_argument("--split", choices=sorted(SEEDS), default="test")
+    ap.add_argument("--seed", type=int, default=None, help="override the split's seed")
+    ap.add_argument("--lock", default="/tmp/reveal-quiet.lock",
+                    help="taken exclusively around each run ('' for none)")
+    ap.add_argument("--keep", default=None, help="keep the spools and raw results here")
+    ap.add_argument("--out", default=None, help="results file (default results/<date>.txt)")
+    a = ap.parse_args(argv)
+    if os.geteuid() != 0:
+        ap.error("needs root (network, UTS and PID namespaces)")
+    if a.runs < 1 or not (20 <= a.seconds <= 600):
+        ap.error("--runs >= 1 and 20 <= --seconds <= 600")
+    plans = schedule(a.runs, a.split, a.seed)
+    out = a.out or os.path.join(HERE, "results", time.strftime("%Y-%m-%d") + ".txt")
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True).stdout.strip()
+    seed = "" if a.seed is None else f" --seed {a.seed}"
+    header = (f"# benchmarks/peers/run.py --runs {a.runs} --seconds {a.seconds} --split "
+              f"{a.split}{seed}  ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}, git {rev}, "
+              f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
+    lines = [header]
+    print(header, flush=True)
+    keep = a.keep
+    if keep:
+        os.makedirs(keep, exist_ok=True)
+    scores = []
+    for i, plan in enumerate(plans, 1):
+        spool = tempfile.mkdtemp(prefix="reveal-peers-bench-", dir=keep)
+        try:
+            res = run_one(plan, a.seconds, spool, a.lock or None)
+        except subprocess.TimeoutExpired:
+            res = {"plan": plan, "rc": 124, "wall": 0.0, "stderr": "timeout", "stdout": ""}
+        s = score(res)
+        scores.append(s)
+        ln = run_line(i, res, s)
+        print(ln, flush=True)
+        lines.append(ln)
+        if keep:
+            with open(os.path.join(spool, "result.json"), "w") as f:
+                json.dump({k: v for k, v in res.items() if k != "job"}, f)
+        else:
+            shutil.rmtree(spool, ignore_errors=True)
+    for ln in summary(scores):
+        print(ln, flush=True)
+        lines.append(ln)
+    with open(out, "a") as f:
+        f.write("\n".join(lines) + "\n\n")
+    print(f"results appended to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
