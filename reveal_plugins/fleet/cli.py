@@ -71,16 +71,16 @@ def main(argv: list[str]) -> int:
         if args.cmd in ("nodes", "baseline", "report"):
             from .index import check_fleet
             check_fleet(args.fleet)   # before a cluster is started for nothing
+        if args.cmd == "index":   # the cluster starts only if some run is new or changed
+            from .index import build_index
+            r = build_index(args.paths, args.out, lambda: client_from_args(args),
+                            features=not args.no_features, progress=progress)
+            print(f"fleet index {args.out}: {r['found']} run(s) found, {r['indexed']} "
+                  f"indexed ({r['changed']} changed), {r['unchanged']} unchanged, "
+                  f"{r['errors']} with errors; {r['runs']} in the index "
+                  f"({r['seconds']:.1f} s)")
+            return 0
         with client_from_args(args) as client:
-            if args.cmd == "index":
-                from .index import build_index
-                r = build_index(args.paths, args.out, client, features=not args.no_features,
-                                progress=progress)
-                print(f"fleet index {args.out}: {r['found']} run(s) found, {r['indexed']} "
-                      f"indexed ({r['changed']} changed), {r['unchanged']} unchanged, "
-                      f"{r['errors']} with errors; {r['runs']} in the index "
-                      f"({r['seconds']:.1f} s)")
-                return 0
             if args.cmd == "nodes":
                 from .nodes import format_text, node_ranking
                 res = node_ranking(args.fleet, client, args.since, args.until, progress,

@@ -192,8 +192,10 @@ def build_index(paths: list[str], fleet: str, client=None, features: bool = True
                 progress: bool | None = None, flush_runs: int = 5000) -> dict[str, Any]:
     """Index new and changed runs under ``paths`` into ``fleet``; returns counts.
 
-    ``client`` is a ``distributed.Client`` (the extraction runs on its workers); without one
-    the runs are extracted in this process (the single-process reference)."""
+    ``client`` is a ``distributed.Client`` (the extraction runs on its workers), or a
+    callable returning a context manager that yields one (entered only when some run is new
+    or changed: an unchanged spool starts no cluster); without one the runs are extracted in
+    this process (the single-process reference)."""
     os.makedirs(fleet, exist_ok=True)
     lock = open(os.path.join(fleet, ".lock"), "w")
     try:
@@ -206,47 +208,72 @@ def build_index(paths: list[str], fleet: str, client=None, features: bool = True
         lock.close()
 
 
+def index_batch(run_dirs: list[str], fleet: str, pass_id: str, features: bool = True,
+                flush_runs: int = 5000) -> dict[str, Any]:
+    """The Dask task: extract a batch of runs and write their part files into ``fleet``
+    (workers write, so nothing but the manifest entries travels back to the client and the
+    client's memory does not grow with the fleet).  Returns manifest rows and error count."""
+    writer = _PartWriter(fleet, f"{pass_id}-{uuid.uuid4().hex[:8]}", flush_runs)
+    errors = 0
+    for rec in extract_batch(run_dirs, features):
+        errors += rec["run"].get("error") is not None
+        writer.add(rec)
+    writer.flush()
+    return {"manifest": writer.manifest, "errors": errors}
+
+
 def _build(paths, fleet, client, features, progress, flush_runs) -> dict[str, Any]:
     t0 = time.monotonic()
     found = discover(paths)
     old = read_manifest(fleet).to_pylist()
     by_dir = {r["run_dir"]: r for r in old}
-    sigs = {}
     from .extract import signature
     todo = []
     for d in found:
-        sigs[d] = signature(d)
         prev = by_dir.get(d)
-        if prev is None or prev["signature"] != sigs[d]:
+        if prev is None or prev["signature"] != signature(d):
             todo.append(d)
     changed = [by_dir[d] for d in todo if d in by_dir]
     # unique per pass (two passes within one second must never overwrite each other's parts)
-    pass_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:10]}"
-    writer = _PartWriter(fleet, pass_id, flush_runs)
-    errors = 0
+    pass_id = time.strftime("%Y%m%dT%H%M%S", time.gmtime()) + f"-{uuid.uuid4().hex[:6]}"
+    fleet = os.path.abspath(fleet)
+    kw = dict(fleet=fleet, pass_id=pass_id, features=features, flush_runs=flush_runs)
+    if callable(client) and not hasattr(client, "scheduler_info"):
+        if not todo:
+            client = None
+        else:
+            with client() as c:
+                return _build_with(todo, changed, old, found, fleet, c, kw, progress, t0)
+    return _build_with(todo, changed, old, found, fleet, client, kw, progress, t0)
+
+
+def _build_with(todo, changed, old, found, fleet, client, kw, progress, t0) -> dict[str, Any]:
+    flush_runs = kw["flush_runs"]
+    features = kw["features"]
     if client is not None:
         from .dask_runtime import run_tasks
-        batches = run_tasks(client, extract_batch, todo, "indexing runs", progress=progress,
-                            features=features)
+        results = run_tasks(client, index_batch, todo, "indexing runs", progress=progress,
+                            **kw)
     else:
         from ..report.progress import Progress
         bar = Progress(enabled=progress)
 
         def local():
-            for i in range(0, len(todo), 50):
+            step = max(1, min(500, flush_runs))
+            for i in range(0, len(todo), step):
                 bar.update("indexing runs", i, len(todo))
-                yield extract_batch(todo[i:i + 50], features)
+                yield index_batch(todo[i:i + step], **kw)
             bar.done()
-        batches = local()
-    for batch in batches:
-        for rec in batch:
-            errors += rec["run"].get("error") is not None
-            writer.add(rec)
+        results = local()
+    new_manifest: list[dict] = []
+    errors = 0
+    for res in results:
+        new_manifest += res["manifest"]
+        errors += res["errors"]
     if changed:   # old rows of re-extracted runs go before the new parts become visible
         _drop_runs(fleet, {r["part"] for r in changed}, {r["run_key"] for r in changed})
-    writer.flush()
     redone = set(todo)
-    manifest = [r for r in old if r["run_dir"] not in redone] + writer.manifest
+    manifest = [r for r in old if r["run_dir"] not in redone] + new_manifest
     _write(os.path.join(fleet, MANIFEST), pa.Table.from_pylist(manifest, MANIFEST_SCHEMA))
     info = {"format": FORMAT, "updated": time.time(), "runs": len(manifest),
             "datasets": list(DATASETS), "features": features}
