@@ -12,10 +12,13 @@ For every node ``i``, window ``w`` (the same wall-clock grid on all nodes) and c
   run-level variability (median over nodes of its MAD over time), the practical floor of its
   unit, 2 % of its level)``, so a channel that swings anyway, or barely varies in a unit a
   person would call no change, is no hair trigger;
-* **the node moved**: a residual counts for node ``i`` only when ``i``'s own change against its
-  own history (its run median) explains at least half of it, in the same direction.  When the
+* **the node moved, alone**: a residual counts for node ``i`` only when ``i``'s own change
+  against its own history (its level in the windows where it agreed with its peers) and the
+  residual agree within a factor ``1/own_fraction`` (2), in the same direction.  When the
   other nodes move and ``i`` does not (they wait for it, or it waits for them), ``i`` is not
-  the one that moved; with 2 nodes this is what tells which of the two it was;
+  the one that moved -- with 2 nodes this is what tells which of the two it was; when all
+  moved and ``i`` a little more (a machine- or fabric-wide signal read a moment apart), the
+  residual is a sliver of a shared change;
 * **evidence**: a node-window is flagged when a *symptom* (pressure, stalls, loss, throttling:
   :data:`reveal_plugins.detect.attribution.SYMPTOMS`, in its harmful direction and by its
   practical minimum) or the node's *foreign load* (:mod:`reveal_plugins.detect.foreign`)
@@ -145,13 +148,6 @@ def _leave_one_out_median(V: np.ndarray) -> np.ndarray:
     return out
 
 
-def _mad(A: np.ndarray, axis: int) -> np.ndarray:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(A, axis=axis, keepdims=True)
-        return 1.4826 * np.nanmedian(np.abs(A - med), axis=axis)
-
-
 def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
             node_anomalies: dict[str, list[dict]] | None = None) -> PeerResult:
     """Compare every node with its peers; ``node_anomalies`` (each node's own findings) only
@@ -198,12 +194,8 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
         return res
     units = nodes[0].units
     units = [units[nodes[0].names.index(n)] for n in names]
-    Z, R, P, own_ok = _scores(V, ok, names, units, cfg)
-    harm = _harm_mask(names)
-    is_s, dirn, mins, absm = harm
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)      # all-NaN channels stay NaN
-        expected = P + np.nanmedian(np.where(ok[None, :, None], R, np.nan), axis=1)[:, None, :]
+    Z, R, P, own_ok, expected = _scores(V, ok, names, units, cfg)
+    is_s, dirn, mins, absm = _harm_mask(names)
     delta = np.nan_to_num((V - expected) * dirn, nan=0.0)
     rel = mins < 0
     with np.errstate(invalid="ignore"):
@@ -238,26 +230,59 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
     """Peer residuals in robust units, and where the node's own change explains them."""
     P = _leave_one_out_median(V)
     R = V - P
-    Rok = np.where(ok[None, :, None], R, np.nan)
     Vok = np.where(ok[None, :, None], V, np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        offset = np.nanmedian(Rok, axis=1)                              # (n, c)
-        spread_r = _mad(Rok - offset[:, None, :], axis=1)              # (n, c)
-        temporal = np.nanmedian(_mad(Vok, axis=1), axis=0)              # (c,)
         level = nanmedian_cols(np.nanmedian(Vok, axis=1))               # (c,)
-        own_level = np.nanmedian(Vok, axis=1)                           # (n, c)
     floor = np.maximum(channel_floors(names, units),
                        rel_floors(units) * np.abs(np.nan_to_num(level)))
-    scale = np.maximum(np.maximum(np.nan_to_num(spread_r), np.nan_to_num(temporal)[None, :]),
-                       floor[None, :])
+    # The node's usual offset from its peers and the spread of its residual.  A 20-s fault in
+    # a 60-s job (or two disturbances) covers a good part of the run, so the spread comes from
+    # the lowest decile of |deviation| (90 % breakdown, not the MAD's 50 %), and the offset
+    # is refined on the windows where the node agreed with its peers.
+    # Symptoms and foreign load have no "usual offset": nodes of one job on the same kind of
+    # hardware should not differ in pressure, loss or foreign processes at all, and a node
+    # that is worse from start to end is a finding, not its normal (best-rank reference).
+    harm = _harm_mask(names)[0][None, :]
+    offset, spread = _offset_spread(R, ok[None, :, None], zero=harm)
+    scale = np.maximum(spread, floor[None, :])
+    agree = ok[None, :, None] & (np.abs(R - offset[:, None, :]) <= cfg["min_z"]
+                                 * scale[:, None, :])
+    enough = agree.sum(axis=1) >= 5
+    offset = np.where(enough & ~harm, _offset_spread(R, agree)[0], offset)
     resid = R - offset[:, None, :]
+    # the node's own level when it agreed with its peers: its history before (and after) it
+    # moved, so "which node moved" is asked against a baseline the fault did not shift
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        own_level = np.where(enough, np.nanmedian(np.where(agree, V, np.nan), axis=1),
+                             np.nanmedian(Vok, axis=1))                # (n, c)
     Z = np.nan_to_num(resid / scale[:, None, :], nan=0.0, posinf=0.0, neginf=0.0)
     own = V - own_level[:, None, :]
     with np.errstate(invalid="ignore"):
+        # the node moved (its own change explains the residual) and the peers did not move
+        # with it (the residual is not a sliver of a change they all shared: machine- or
+        # fabric-wide signals read at slightly different moments differ by a few %)
         own_ok = (np.sign(own) == np.sign(resid)) & (
-            np.abs(own) >= cfg["own_fraction"] * np.abs(resid))
-    return Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool)
+            np.abs(own) >= cfg["own_fraction"] * np.abs(resid)) & (
+            np.abs(resid) >= cfg["own_fraction"] * np.abs(own))
+    return Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool), P + offset[:, None, :]
+
+
+def _offset_spread(R: np.ndarray, rows: np.ndarray, zero: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """Median residual over ``rows`` (broadcast to R; 0 where ``zero``) and its spread from
+    the lowest decile of |deviation| (sigma of a normal = q10(|x - median|) / 0.1257: it breaks
+    down at 90 % contamination, not 50 %; the practical floor keeps it from being a hair
+    trigger)."""
+    Rr = np.where(rows, R, np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        off = np.nanmedian(Rr, axis=1)
+        if zero is not None:
+            off = np.where(zero, 0.0, off)
+        q = np.nanquantile(np.abs(Rr - off[:, None, :]), 0.10, axis=1) / 0.1257
+    return np.nan_to_num(off), np.nan_to_num(q)
 
 
 def _num(x: float) -> float | None:
@@ -273,9 +298,11 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     vote = np.where(job_share, 0.0, zmean)
     sub, sub_scores = attr.choose_subsystem(vote, names, hit_any)
     fsub = [attr.subsystem_of(names[j]) for j in np.nonzero(hit_any)[0]
-            if _FOREIGN.match(names[j])]
-    if fsub:     # like the node's own analysis: a neighbour process is the cause
-        sub = "memory" if "memory" in fsub else "storage" if "storage" in fsub else fsub[0]
+            if _FOREIGN.match(names[j]) and not names[j].startswith("cpu.")]
+    if fsub:     # like the node's own analysis: a neighbour's memory or I/O is the cause
+        sub = "memory" if "memory" in fsub else "storage"
+    # (foreign CPU time alone says only that something ran there; what it did -- page
+    # faults, I/O wait -- is in the other channels, which choose_subsystem weighs)
     node_v = np.nanmean(V[i, rows], axis=0)
     peer_v = np.nanmean(P[i, rows], axis=0)
     rank_key = np.abs(zmean) * np.where(hit_any, 1.0, attr.ACTIVITY_WEIGHT)
