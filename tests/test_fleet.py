@@ -223,3 +223,32 @@ def test_cli_end_to_end_and_errors(fleet, tmp_path):
     r = subprocess.run(cli + ["index", str(tmp_path / "nope"), "--out", str(tmp_path / "F"),
                               "--workers", "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "nope: not a directory" in r.stderr
+
+
+def test_progress_bar_only_on_a_terminal(fleet, tmp_path):
+    """Every pass shows a bar on a terminal (stderr a pty); pipes stay clean (above)."""
+    import pty
+    master, slave = pty.openpty()
+    try:
+        r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "fleet", "index",
+                            fleet["spool"], "--out", str(tmp_path / "F"), "--workers", "1"],
+                           stdout=subprocess.PIPE, stderr=slave, timeout=120)
+        os.close(slave)
+        slave = None
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 65536)
+            except OSError:
+                break
+            if not b:
+                break
+            chunks.append(b)
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert r.returncode == 0
+    err = b"".join(chunks).decode(errors="replace")
+    n = len(fleet["runs"])
+    assert f"reveal: indexing runs 0/{n}" in err and f"indexing runs {n}/{n}" in err
