@@ -252,3 +252,26 @@ def test_progress_bar_only_on_a_terminal(fleet, tmp_path):
     err = b"".join(chunks).decode(errors="replace")
     n = len(fleet["runs"])
     assert f"reveal: indexing runs 0/{n}" in err and f"indexing runs {n}/{n}" in err
+
+
+def test_features_read_from_the_runs_feature_store(tmp_path, fleet_templates):
+    """A run featurized while it went on (DIR/features/) is not windowed again: the index
+    reads its window means, and they summarise the run as the segments do."""
+    from reveal_plugins.detect import featstore
+    from reveal_plugins.fleet import extract
+    from reveal_plugins.telemetry.store import read_meta
+    from reveal_plugins.types import ChannelMeta
+    d = clone_run(fleet_templates["cpu"], str(tmp_path / "r"), job_id="1", user="u", node="n",
+                  workload="w", start=1.79e9)
+    meta = read_meta(d)
+    ref = {r["channel"]: r for r in extract.run_features(d, meta)}
+    metas = [ChannelMeta.from_dict(c) for c in meta["channels"]]
+    featstore.FeatureStore.for_run(d, create=True).update(d, metas, meta["interval_s"], 3.0, 1.0)
+    assert extract._stored_windows(d, meta, 3.0) is not None
+    got = {r["channel"]: r for r in extract.run_features(d, meta)}
+    assert set(got) == set(ref)
+    for ch, r in ref.items():
+        g = got[ch]
+        assert abs(g["median"] - r["median"]) <= 0.05 * abs(r["median"]) + 0.5 * r["mad"] + \
+            1e-6, (ch, g, r)
+        assert abs(g["windows"] - r["windows"]) <= 3

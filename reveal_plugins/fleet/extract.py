@@ -74,38 +74,80 @@ def _day(t: float | None) -> str:
 def _peer_suspects(report: dict) -> list[str]:
     """Nodes a multi-node report names as the odd one out (``peer_suspects`` or ``peers``)."""
     got = report.get("peer_suspects")
-    if got is None and isinstance(report.get("peers"), dict):
-        got = report["peers"].get("suspects")
+    for key in ("job_peers", "peers"):   # reveal analyze JOBDIR puts the job's verdict here
+        if got is None and isinstance(report.get(key), dict):
+            got = report[key].get("suspects")
     out = []
     for p in got or []:
         out.append(str(p.get("node") if isinstance(p, dict) else p))
     return out
 
 
+def _stored_windows(run_dir: str, meta: dict, window_s: float):
+    """Window means from the run's feature store (``DIR/features/``, written while the run
+    went on) when it covers every segment: ``(start, end, valid, mean, names, units)``, else
+    None (the caller recomputes from the segments)."""
+    from ..detect import featstore
+    from ..telemetry import store
+    fs = featstore.FeatureStore.for_run(run_dir)
+    seqs = [int(store.SEGMENT_RE.match(os.path.basename(p)).group(1))
+            for p in store.segment_paths(run_dir)]
+    cover = fs.cover(seqs) if seqs else []
+    if not cover or cover[-1][1] != seqs[-1]:
+        return None
+    names = None
+    parts = []
+    for _, _, path in cover:
+        n = featstore.read_names(path)
+        if names is not None and n != names:
+            return None
+        names = n
+        parts.append(featstore.read(path, stats=("mean",)))
+    ch = featstore.merge(parts)
+    units = {c["name"]: (c.get("unit") or "") + ("/s" if c.get("kind") == "counter" else "")
+             for c in meta.get("channels") or []}
+    un = [units.get(n, "%" if n.endswith("_pct") else "") for n in names]
+    return ch.start, ch.start + window_s, ch.valid, ch.stats["mean"], names, un
+
+
 def run_features(run_dir: str, meta: dict) -> list[dict[str, Any]]:
     """Per channel: how its 3-s window means are distributed over the run's steady part (the
-    same windows, warm-up/cool-down cut and derived channels ``reveal baseline fit`` uses)."""
+    same windows, warm-up/cool-down cut and derived channels ``reveal baseline fit`` uses).
+    Read from the run's feature store when it has one, else computed from the segments."""
     from ..detect.boundaries import boundaries, suppressed
     from ..detect.config import FOREIGN_KEYS, detect_config
-    from ..detect.prepare import load_prepared
-    from ..detect.windows import windows_pieces
     from ..telemetry import store
-    from ..types import ChannelMeta
 
     cfg = detect_config(None, ignore=FOREIGN_KEYS).as_dict()
-    P, _, _, _ = load_prepared(run_dir, [ChannelMeta.from_dict(c) for c in meta["channels"]])
-    if len(P.t) < 2:
+    got = None
+    try:
+        got = _stored_windows(run_dir, meta, cfg["window_s"])
+    except Exception:   # a damaged feature file: the segments are the truth
+        got = None
+    if got is None:
+        from ..detect.prepare import load_prepared
+        from ..detect.windows import windows_pieces
+        from ..types import ChannelMeta
+        P, _, _, _ = load_prepared(run_dir, [ChannelMeta.from_dict(c)
+                                             for c in meta["channels"]])
+        if len(P.t) < 2:
+            return []
+        win = windows_pieces(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+                             stats=("mean",))
+        got = (win.start, win.end, win.valid, win.stats["mean"], P.names, P.units)
+        t_first, t_last = float(P.t[0]), float(P.t[-1])
+    else:
+        t_first, t_last = float(got[0][0]), float(got[1][-1]) if len(got[1]) else 0.0
+    wstart, wend, valid, mean, names, units = got
+    if len(wstart) == 0:
         return []
-    win = windows_pieces(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
-                         stats=("mean",))
-    starts, ends = boundaries(meta, store.read_events(run_dir), float(P.t[0]), float(P.t[-1]))
-    rows = win.valid & ~suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
-                                    cfg["cooldown_s"])
+    starts, ends = boundaries(meta, store.read_events(run_dir), t_first, t_last)
+    rows = valid & ~suppressed(wstart, wend, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
     if rows.sum() < 1:
         return []
-    M = win.stats["mean"][rows].astype(np.float64)
+    M = mean[rows].astype(np.float64)
     out = []
-    for i, (name, unit) in enumerate(zip(P.names, P.units)):
+    for i, (name, unit) in enumerate(zip(names, units)):
         col = M[:, i]
         col = col[np.isfinite(col)]
         if len(col) == 0:
