@@ -275,3 +275,16 @@ def test_features_read_from_the_runs_feature_store(tmp_path, fleet_templates):
         assert abs(g["median"] - r["median"]) <= 0.05 * abs(r["median"]) + 0.5 * r["mad"] + \
             1e-6, (ch, g, r)
         assert abs(g["windows"] - r["windows"]) <= 3
+
+
+def test_scheduler_option_joins_an_existing_cluster(fleet, client):
+    """--scheduler ADDRESS: the pass runs on the given cluster's workers (not a new one)."""
+    worker_pids = set(client.run(os.getpid).values())
+    r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "fleet", "nodes",
+                        fleet["index"], "--json", "--scheduler", client.scheduler.address],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["nodes"][0]["node"] == fleet["lemon"]
+    pids = {int(w.rsplit(":", 1)[1]) for w in res["ran_on"]}
+    assert pids and pids <= worker_pids, (res["ran_on"], worker_pids)

@@ -95,9 +95,15 @@ def _when(t: float | None) -> str:
     return "-" if t is None else time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
 
 
+def _period(s: dict[str, Any]) -> str:
+    if s["since"] is None and s["until"] is None:
+        return "all runs in the index"
+    return f"{_when(s['since'])} -> {_when(s['until'])}"
+
+
 def format_text(s: dict[str, Any]) -> str:
     out = [f"Reveal fleet report  {s['fleet']}",
-           f"  period    {_when(s['since'])} -> {_when(s['until'])}",
+           f"  period    {_period(s)}",
            f"  runs      {s['runs_analysed']} analysed, {s['runs_anomalous']} with anomalies "
            f"({100 * s['fleet_rate']:.1f} %)", ""]
     if s["anomalies_per_subsystem"]:
@@ -167,7 +173,7 @@ def _plots(s: dict[str, Any]) -> list[tuple[str, str]]:
 def render_html(s: dict[str, Any]) -> str:
     from ..report.html import _page, esc
     body = [f"<h1>Fleet report</h1><p class=muted>{esc(s['fleet'])} · "
-            f"{esc(_when(s['since']))} → {esc(_when(s['until']))}</p>",
+            f"{esc(_period(s))}</p>",
             f"<div class='verdict {'bad' if s['suspect_nodes'] else 'ok'}'>"
             f"{s['runs_analysed']} analysed runs, {s['runs_anomalous']} with anomalies "
             f"({100 * s['fleet_rate']:.1f} %); {len(s['suspect_nodes'])} suspect node(s)"
