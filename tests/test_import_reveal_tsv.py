@@ -102,6 +102,8 @@ def test_import_keeps_values_and_fixes_quirks(tmp_path):
     assert kinds["network.ib0.rx_bytes"] == "counter"
     assert kinds["network.tcp.RetransSegs"] == "counter"
     assert kinds["storage.nvme0n1.in_flight"] == "gauge"
+    assert kinds["memory.Dirty"] == "gauge"    # deltas of a level (some negative): the level
+    assert any(n.startswith("memory.Dirty: negative deltas") for n in meta["import"]["notes"])
     rx = rd.frame.column("network.ib0.rx_bytes")
     assert np.nanmedian(np.diff(rx)) == pytest.approx(2e6, rel=0.01)   # per-row delta back
     assert np.isnan(rd.frame.column("storage.nvme0n1.in_flight")[5])   # the empty cell
@@ -150,3 +152,4 @@ def test_imported_file_analysed_end_to_end(tmp_path, report_schema_validate):
     assert chans & {"cpu.perf.ipc", "gpu.0.util_sm", "gpu.0.power", "cpu.perf.instructions"}
     # nothing outside the episode (start-up aside)
     assert all(a["end"] > T0 + 60 for a in rep["anomalies"]), rep["anomalies"]
+    assert not any("went backwards" in n for n in rep.get("notes") or []), rep.get("notes")

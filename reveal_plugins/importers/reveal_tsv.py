@@ -20,7 +20,8 @@ NetworkTCPRetrans_diff      ``network.tcp[.<index>].<metric>``           counter
 ==========================  ===========================================  =================
 
 ``_diff`` columns hold per-row deltas: they are summed into cumulative counters, which the
-analysis turns back into rates per second (so a delta and a rate read the same).  An index is
+analysis turns back into rates per second (so a delta and a rate read the same); deltas that
+go negative (of a level such as ``Dirty``) add up to that level, stored as a gauge.  An index is
 kept in the name only where a family has several for that metric.  Quirks handled: all-NaN
 columns are dropped (listed in ``meta.json`` ``import.dropped``), the space after ``GPU:``,
 and IPC stored x100 on some Intel GPU hosts (a Perf ``ipc`` whose median exceeds 20 is
@@ -249,13 +250,19 @@ def import_file(path: str, out_dir: str, job_id: str | None = None, user: str | 
                     col /= 100.0
                     hnotes.append(f"{c.raw}: IPC stored x100 (median {med:.3g}); divided "
                                   "by 100")
+            kind = "gauge"
             if deltas[j]:
                 fin = np.isfinite(col)
                 cum = np.cumsum(np.where(fin, col, 0.0))
                 col = np.where(fin, cum, np.nan)
+                if np.nanmin(V[:, js]) >= 0:
+                    kind = "counter"     # deltas of a count: a counter, read back as a rate
+                else:                    # deltas of a level (Dirty, Cached ...): the level
+                    hnotes.append(f"{name}: negative deltas; stored as the level they add up "
+                                  "to (from 0 at the first row)")
             unit = c.unit if not deltas[j] else (c.unit or "count")
             try:
-                metas.append(ChannelMeta(name, unit, "counter" if deltas[j] else "gauge",
+                metas.append(ChannelMeta(name, unit, kind,
                                          "reveal-tsv", description=c.raw))
             except ValueError as e:
                 raise TSVFormatError(f"{path}:1: column {c.raw!r}: {e}") from None
