@@ -59,6 +59,26 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     return report
 
 
+def publish_stopped(run_dir: str, reason: str, config: dict[str, Any] | None = None
+                    ) -> dict[str, Any]:
+    """The report of an analysis stopped from outside before it finished (a memory cap, a
+    timeout): ``status: partial`` with ``reason``, no window judged, written and handed to the
+    sinks like any report, so the run does not simply vanish."""
+    from .detect.report import empty_report
+    meta = store.read_meta(run_dir)
+    rep = empty_report(meta, [f"analysis stopped before it finished: {reason}"],
+                       channels=len(meta.get("channels") or []), status="partial",
+                       reason=reason, analysis={"stopped": reason})
+    rep["summary"] = (rep["summary"].splitlines()[0] + "\n" +
+                      f"ANALYSIS STOPPED ({reason}): no window was judged, so the absence of "
+                      "anomalies means nothing. Re-run `reveal analyze DIR` with more memory "
+                      "or time.")
+    data = json.dumps(rep, indent=1, default=_json_default).encode()
+    write_file(run_dir, store.REPORT, data)
+    call_safely("reveal_report_ready", report=rep, run_dir=run_dir, config=dict(config or {}))
+    return rep
+
+
 def report_for(target: str, reanalyze: bool = False) -> dict[str, Any]:
     """The finished report of a run directory (its report.json, else analysed now, without
     publishing: looking at a report must not publish it) or of a report file.  The renderers

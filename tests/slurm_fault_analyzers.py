@@ -9,3 +9,10 @@ def boom(run_dir, config):
 
 def slow(run_dir, config):
     time.sleep(60)
+
+
+def hog(run_dir, config):
+    """Allocates (and touches) 1.5 GB: far beyond a small analysis memory cap."""
+    import numpy as np
+    blocks = [np.ones(64 << 20, np.uint8) for _ in range(24)]
+    return blocks

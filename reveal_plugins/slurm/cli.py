@@ -29,6 +29,9 @@ def main(argv: list[str] | None = None) -> int:
     if cmd in HOOKS:
         from .hooks import dispatch
         return dispatch(cmd)
+    if cmd == "_analyze" and rest and rest[0] == "--child":
+        from .hooks import analyze_child
+        return analyze_child(rest[-1])
     if cmd == "_analyze" and rest:
         from .hooks import analyze_job
         fin: int | None | bool = False

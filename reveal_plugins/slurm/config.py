@@ -35,6 +35,11 @@ class SlurmConfig:
     analysis_timeout_s: float = 600.0
     analyzer: str = "reveal_plugins.analysis:analyze_and_publish"  # module:function(run_dir, cfg)
     analysis_nice: int = 10         # niceness of the detached analysis (the node runs jobs)
+    analysis_timeout_per_hour_s: float = 10.0   # + this per hour of run (long jobs)
+    analysis_timeout_max_s: float = 7200.0      # the timeout never exceeds this
+    analysis_memory_max_mb: int = 2048  # the analysis' memory cap (then: report partial)
+    analysis_cpu_pct: int = 100     # its CPU cap, % of one core (systemd/cgroup caps)
+    analysis_cap: str = "auto"      # auto|systemd|cgroup|rlimit|off (auto: first that works)
     path: str = ""                  # where this configuration came from ("" = defaults)
 
     def spool_dir(self) -> str:
@@ -47,8 +52,11 @@ class SlurmConfig:
 
 _RANGES = {"interval_s": (0.001, 60.0), "prolog_budget_s": (0.05, 60.0),
            "epilog_budget_s": (0.05, 300.0), "analysis_timeout_s": (0.1, 86400.0),
-           "analysis_nice": (0, 19)}
-_CHOICES = {"default_mode": MODES, "analysis": ("detached", "off")}
+           "analysis_nice": (0, 19), "analysis_timeout_per_hour_s": (0.0, 3600.0),
+           "analysis_timeout_max_s": (1.0, 7 * 86400.0), "analysis_memory_max_mb": (32, 1 << 22),
+           "analysis_cpu_pct": (1, 100_000)}
+_CHOICES = {"default_mode": MODES, "analysis": ("detached", "off"),
+            "analysis_cap": ("auto", "systemd", "cgroup", "rlimit", "off")}
 
 
 def parse_config(data: dict[str, Any], path: str) -> SlurmConfig:

@@ -424,9 +424,29 @@ def _wait_closed(run_dir: str, timeout: float) -> bool:
     return False
 
 
+def analysis_timeout(cfg: SlurmConfig, run_dir: str) -> tuple[float, float]:
+    """``(timeout, run hours)``: ``analysis_timeout_s`` plus ``analysis_timeout_per_hour_s``
+    per hour of run, at most ``analysis_timeout_max_s`` (a week-long job needs longer than a
+    short one, even streamed)."""
+    hours = 0.0
+    try:
+        with open(os.path.join(run_dir, "meta.json")) as f:
+            meta = json.load(f)
+        a, b = meta.get("start"), meta.get("end")
+        if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > a:
+            hours = (b - a) / 3600.0
+    except (OSError, ValueError):
+        pass
+    t = cfg.analysis_timeout_s + cfg.analysis_timeout_per_hour_s * hours
+    return max(cfg.analysis_timeout_s, min(t, cfg.analysis_timeout_max_s)), hours
+
+
 def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | bool = False
                 ) -> int:
-    """The detached analysis after the Epilog: bounded by ``analysis_timeout_s``; logs, exit 0."""
+    """The detached analysis after the Epilog: closes an orphaned run, then runs the analyzer
+    in a child inside a memory/CPU cap (:mod:`.capped`) for at most :func:`analysis_timeout`;
+    when the cap or the timeout stops it, the run's report says ``status: partial`` and why.
+    Logs; always exit 0."""
     job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
     try:
         cfg = load_config()
@@ -437,27 +457,10 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
         os.nice(cfg.analysis_nice)
     except OSError:
         pass
-    _log_to_hook_log("analysis", job)
     t0 = time.monotonic()
-    timeout = cfg.analysis_timeout_s
-
-    done = threading.Event()
-
-    def watchdog():
-        if done.wait(timeout + 5):
-            return
-        log("analysis", "ERROR", f"{run_dir}: killed after analysis_timeout_s={timeout:g} s "
-                                 "(watchdog); no report", job)
-        os._exit(0)
-
-    def on_alarm(signum, frame):
-        raise BudgetExceeded()
-
-    threading.Thread(target=watchdog, daemon=True).start()
-    signal.signal(signal.SIGALRM, on_alarm)
-    signal.setitimer(signal.ITIMER_REAL, timeout)
+    cap = None
     try:
-        if wait_closed and not _wait_closed(run_dir, min(30.0, timeout / 2)):
+        if wait_closed and not _wait_closed(run_dir, min(30.0, cfg.analysis_timeout_s / 2)):
             log("analysis", "WARNING", f"{run_dir}: the agent did not close the run in time; "
                                        "analysing what is on disk", job)
         if finalize is not False:
@@ -465,6 +468,80 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
             if finalize_orphan(run_dir, finalize, "epilog") is not None:
                 log("analysis", "WARNING", f"{run_dir}: closed the run its agent left open "
                                            "(end = last stored sample)", job)
+        timeout, hours = analysis_timeout(cfg, run_dir)
+        # the supervisor itself can never outlive its child by much
+        signal.alarm(int(timeout) + 120)
+        from .capped import make_cap
+        notes: list[str] = []
+        cap = make_cap(cfg.analysis_cap, cfg.analysis_memory_max_mb, cfg.analysis_cpu_pct,
+                       cfg.analysis_nice, f"job{job}-{os.getpid()}", notes)
+        for n in notes:
+            log("analysis", "WARNING", f"{run_dir}: {n}", job)
+        reason = _run_capped(cap, run_dir, timeout, hours, cfg, job)
+        if reason:
+            log("analysis", "ERROR", f"{run_dir}: analysis stopped: {reason}; report status "
+                                     "partial", job)
+            from ..analysis import publish_stopped
+            publish_stopped(run_dir, reason, cfg.as_analysis_config())
+        else:
+            log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s "
+                                    f"(cap: {cap.describe()})", job)
+    except BaseException as e:  # noqa: BLE001
+        tb = traceback.extract_tb(e.__traceback__)
+        where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
+        log("analysis", "ERROR", f"{run_dir}: analysis supervisor failed: "
+                                 f"{type(e).__name__}: {e}{where}", job)
+    finally:
+        if cap is not None:
+            cap.cleanup()
+        signal.alarm(0)
+    return 0
+
+
+#: Exit status of the analysis child that ran out of memory (MemoryError under an rlimit).
+NO_MEMORY = 75
+
+
+def _run_capped(cap, run_dir: str, timeout: float, hours: float, cfg: SlurmConfig,
+                job: str) -> str | None:
+    """Run the analysis child under ``cap``; the reason it was stopped, or None."""
+    import tempfile
+    argv = cap.wrap([sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze", "--child",
+                     run_dir])
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                             stderr=err, preexec_fn=cap.preexec(), close_fds=True, cwd="/")
+        try:
+            rc = p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            cap.kill(p.pid)
+            p.wait()
+            return (f"analysis exceeded analysis_timeout_s={cfg.analysis_timeout_s:g} s "
+                    f"(+ {cfg.analysis_timeout_per_hour_s:g} s per hour x {hours:.2f} h, at "
+                    f"most {cfg.analysis_timeout_max_s:g} s: {timeout:.0f} s) and was stopped")
+        err.seek(0)
+        tail = err.read()[-600:].decode(errors="replace").strip()
+    if rc == 0:
+        return None
+    if rc == NO_MEMORY or cap.memory_killed(rc):
+        return (f"memory cap of {cfg.analysis_memory_max_mb} MB reached "
+                f"(analysis_memory_max_mb, {cap.kind})")
+    what = f"signal {-rc}" if rc < 0 else f"exit code {rc}"
+    return f"analysis process ended with {what}" + (f": {tail.splitlines()[-1]}" if tail else "")
+
+
+def analyze_child(run_dir: str) -> int:
+    """The analysis itself, inside the cap (``_analyze --child``): 0 when it finished (a
+    report was written, or the analyzer's failure is logged), :data:`NO_MEMORY` when it ran
+    out of memory."""
+    job = os.environ.get("REVEAL_SLURM_JOB_ID", "-")
+    _log_to_hook_log("analysis", job)
+    try:
+        cfg = load_config()
+    except ConfigError as e:
+        log("analysis", "ERROR", f"configuration error, analysis skipped: {e}", job)
+        return 0
+    try:
         mod, func = cfg.analyzer.split(":", 1)
         import importlib
 
@@ -472,20 +549,27 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
         require_trusted_module(mod, "analyzer")  # root imports only root-owned code
         fn = getattr(importlib.import_module(mod), func)
         fn(run_dir, cfg.as_analysis_config())
-        log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s", job)
-    except BudgetExceeded:
-        log("analysis", "ERROR", f"{run_dir}: analysis exceeded analysis_timeout_s={timeout:g} s;"
-                                 " abandoned, no report (raise the budget in "
-                                 f"{cfg.path or 'the configuration'})", job)
+        if _ran_out_of_memory(run_dir):
+            return NO_MEMORY
+    except MemoryError:
+        return NO_MEMORY
     except BaseException as e:  # noqa: BLE001
         tb = traceback.extract_tb(e.__traceback__)
         where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
         log("analysis", "ERROR", f"{run_dir}: analysis failed ({cfg.analyzer}): "
                                  f"{type(e).__name__}: {e}{where}", job)
-    finally:
-        done.set()
-        signal.setitimer(signal.ITIMER_REAL, 0)
     return 0
+
+
+def _ran_out_of_memory(run_dir: str) -> bool:
+    """The analysis caught a MemoryError itself (report ``failed``): the cap stopped it."""
+    try:
+        fd = os.open(os.path.join(run_dir, "report.json"), os.O_RDONLY | os.O_NOFOLLOW)
+        with os.fdopen(fd) as f:
+            rep = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return rep.get("status") == "failed" and "MemoryError" in str(rep.get("status_reason"))
 
 
 def process_age() -> float:
