@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -145,3 +146,24 @@ def test_short_run_and_bad_input_give_a_note_not_a_traceback(tmp_path):
     rep = analyze(d, {**STREAM, "full": True})
     assert rep["status"] == "partial"
     assert any(seg in n for n in rep["notes"])
+
+
+def test_agent_featurizes_segments_while_the_run_goes_on(tmp_path):
+    """A real agent (reveal record): feature files appear beside the segments during the run,
+    and the job-end analysis from them equals --full."""
+    d = str(tmp_path / "rec")
+    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(__file__)))
+    p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.cli", "record", "--out", d,
+                          "--", "sleep", "24"], env=env, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True)
+    seen_during = 0
+    while p.poll() is None:
+        if os.path.isdir(os.path.join(d, "features")) and not os.path.exists(
+                os.path.join(d, "report.json")):
+            seen_during = max(seen_during, len(FeatureStore.for_run(d).files()))
+        time.sleep(0.5)
+    assert p.returncode == 0, p.stderr.read()
+    assert seen_during >= 1                  # written by the agent, not by the analysis
+    job_end = analyze(d, STREAM)
+    full = analyze(d, {**STREAM, "full": True})
+    assert _comparable(job_end) == _comparable(full)
