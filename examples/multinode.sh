@@ -11,6 +11,10 @@
 #                         [--width W] [--fault cpu|network|memory|io --node K
 #                          [--fault-at S] [--fault-for S] [--rate RATE]]
 #
+#   --launcher L   torchrun (default): reveal-torchrun started on every node, one c10d
+#                  rendezvous; slurm: a private Slurm (slurmctld in the switch namespace, one
+#                  slurmd per node namespace, munge, Reveal's Prolog/Epilog, each node's agent
+#                  started by its Prolog) and `srun -N <nodes> reveal-torchrun ...`
 #   --seconds S    training time (default 60)
 #   --nodes N      number of nodes (default 2; at most one per online CPU)
 #   --model, --width  examples/train.py's model (default mlp, width 512: compute and
@@ -22,7 +26,8 @@
 #                    cpu      a CPU hog pinned to the node's CPU set (stress-ng --cpu)
 #                    network  tc tbf on the node's interface (--rate, default 20mbit)
 #                    memory   memory bandwidth / page faults on the node's CPUs (stress-ng --vm)
-#                    io       disk writes with fsync from the node's CPUs (stress-ng --hdd)
+#                    io       buffered disk writes from the node's CPUs (stress-ng --hdd;
+#                             the disk itself is shared by all nodes of this machine)
 #
 # Standard output, exactly:
 #   node=<host> netns=<namespace> dev=<interface inside it> cpus=<cpu list>   (one per node)
@@ -37,12 +42,13 @@
 set -euo pipefail
 
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-SECS=60 NODES=2 SPOOL="reveal-runs/multinode" MODEL=mlp WIDTH=512
+LAUNCHER=torchrun SECS=60 NODES=2 SPOOL="reveal-runs/multinode" MODEL=mlp WIDTH=512
 FAULT="" FNODE="" FAULT_AT=5 FAULT_FOR=20 RATE=20mbit
 die() { echo "multinode.sh: $*" >&2; exit 2; }
 say() { echo "multinode.sh: $*" >&2; }
 while [[ $# -gt 0 ]]; do
     case "$1" in
+        --launcher) LAUNCHER="${2:?--launcher needs torchrun or slurm}"; shift 2 ;;
         --seconds) SECS="${2:?--seconds needs a value}"; shift 2 ;;
         --nodes) NODES="${2:?--nodes needs a value}"; shift 2 ;;
         --spool) SPOOL="${2:?--spool needs a directory}"; shift 2 ;;
@@ -61,6 +67,8 @@ for v in "$SECS" "$NODES" "$FAULT_AT" "$FAULT_FOR"; do
     [[ "$v" =~ ^[0-9]+$ ]] || die "'$v' is not a whole number"
 done
 [[ "$WIDTH" =~ ^[0-9]+$ ]] || die "--width '$WIDTH' is not a whole number"
+[[ "$LAUNCHER" == torchrun || "$LAUNCHER" == slurm ]] \
+    || die "--launcher '$LAUNCHER': expected torchrun or slurm"
 [[ $NODES -ge 2 ]] || die "--nodes $NODES: a multi-node job needs at least 2"
 case "$FAULT" in
     "") [[ -z "$FNODE" ]] || die "--node $FNODE without --fault" ;;
@@ -69,11 +77,18 @@ case "$FAULT" in
             || die "--fault $FAULT needs --node K with 1 <= K <= $NODES (got '${FNODE}')" ;;
     *) die "--fault '$FAULT': expected cpu, network, memory or io" ;;
 esac
-[[ "$RATE" =~ ^[0-9]+(\.[0-9]+)?[kKmMgG]?(bit|bps)$ ]] || die "--rate '$RATE': use tc units, e.g. 20mbit"
+[[ "$RATE" =~ ^[0-9]+(\.[0-9]+)?[kKmMgG]?(bit|bps)$ ]] \
+    || die "--rate '$RATE': use tc units, e.g. 20mbit"
 [[ $(id -u) -eq 0 ]] || die "must run as root (network, UTS and PID namespaces)"
 for c in ip tc unshare taskset hostname reveal-torchrun reveal python3; do
     command -v "$c" >/dev/null || die "'$c' not found on PATH"
 done
+if [[ $LAUNCHER == slurm ]]; then
+    for c in slurmctld slurmd srun sinfo munged runuser nsenter; do
+        command -v "$c" >/dev/null || die "--launcher slurm: '$c' not found (apt-get install \
+slurmctld slurmd slurm-client munge)"
+    done
+fi
 [[ -z "$FAULT" || "$FAULT" == network ]] || command -v stress-ng >/dev/null \
     || die "--fault $FAULT needs stress-ng"
 
@@ -88,13 +103,17 @@ PER=$((NCPU / NODES))
 P="rmn$$"                       # namespace prefix, unique to this run
 SW="${P}-sw"
 SUBNET="10.79.0"                # inside private namespaces: never collides with the host
-JOB="$(date +%s%3N)"
+if [[ $LAUNCHER == slurm ]]; then   # Slurm numbers the job: a fresh controller's first id
+    JOB=$(( $(date +%s) % 60000000 + 1000 ))
+else
+    JOB="$(date +%s%3N)"
+fi
 mkdir -p "$SPOOL/jobs" "$SPOOL/reports" "$SPOOL/logs/$JOB"
 SPOOL="$(cd "$SPOOL" && pwd)"
 JOBDIR="$SPOOL/jobs/$JOB"
 LOGS="$SPOOL/logs/$JOB"
 WORK="$(mktemp -d /tmp/reveal-multinode.XXXXXX)"
-declare -a NODE_PIDS=() NS=() CPUS=()
+declare -a NODE_PIDS=() DAEMON_PIDS=() NS=() CPUS=()
 FAULT_PID=""
 
 cleanup() {
@@ -103,6 +122,13 @@ cleanup() {
     [[ -n "$FAULT_PID" ]] && kill -- -"$FAULT_PID" 2>/dev/null || true
     for pid in "${NODE_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
     for pid in "${NODE_PIDS[@]}" $FAULT_PID; do
+        for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+        kill -9 "$pid" 2>/dev/null || true
+    done
+    # Slurm: the node PID namespaces (slurmd, slurmstepd, agents), slurmctld, munged
+    [[ -f "$WORK/munge-run/munged.pid" ]] && DAEMON_PIDS+=("$(cat "$WORK/munge-run/munged.pid")")
+    for pid in "${DAEMON_PIDS[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for pid in "${DAEMON_PIDS[@]}"; do
         for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
         kill -9 "$pid" 2>/dev/null || true
     done
@@ -120,6 +146,7 @@ trap 'exit 143' TERM
 ip netns add "$SW"
 ip -n "$SW" link add br0 type bridge
 ip -n "$SW" link set br0 up
+ip -n "$SW" link set lo up
 for k in $(seq "$NODES"); do
     ns="${P}-n$k"
     NS+=("$ns")
@@ -159,11 +186,21 @@ done
 TRAIN=("$HERE/train.py" --model "$MODEL" --width "$WIDTH" --seconds "$SECS" --instrument
        --threads "$PER" --log-every 0)
 { echo "127.0.0.1 localhost"
+  echo "$SUBNET.254 head"
   for k in $(seq "$NODES"); do echo "$SUBNET.$k node$k"; done; } > "$WORK/hosts"
 for k in $(seq "$NODES"); do
+    echo "node=node$k netns=${NS[$((k - 1))]} dev=eth0 cpus=${CPUS[$((k - 1))]}"
+done
+if [[ $LAUNCHER == slurm ]]; then
+    # shellcheck source=examples/multinode_slurm.sh
+    source "$HERE/multinode_slurm.sh"
+    slurm_up
+    slurm_job
+fi
+for k in $(seq "$NODES"); do
+    [[ $LAUNCHER == torchrun ]] || break
     host="node$k"
     mkdir -p "$WORK/$host"
-    echo "node=$host netns=${NS[$((k - 1))]} dev=eth0 cpus=${CPUS[$((k - 1))]}"
     ip netns exec "${NS[$((k - 1))]}" taskset -c "${CPUS[$((k - 1))]}" \
         unshare --uts --pid --fork --mount-proc --kill-child \
         env TMPDIR="$WORK/$host" REVEAL_CPUS="${CPUS[$((k - 1))]}" REVEAL_LIVE=1 \
@@ -214,7 +251,7 @@ inject() {  # runs in the background, in its own process group; ends by itself
         cpu) taskset -c "$cpus" stress-ng --cpu "$PER" --timeout "${FAULT_FOR}s" -q ;;
         memory) taskset -c "$cpus" stress-ng --vm "$PER" --vm-bytes 1G --vm-keep \
                     --timeout "${FAULT_FOR}s" -q ;;
-        io) taskset -c "$cpus" stress-ng --hdd "$PER" --hdd-bytes 256M --hdd-opts fsync \
+        io) taskset -c "$cpus" stress-ng --hdd "$PER" --hdd-bytes 512M \
                 --temp-path "$WORK" --timeout "${FAULT_FOR}s" -q ;;
         network)
             ip netns exec "$ns" tc qdisc replace dev eth0 root tbf rate "$RATE" burst 32kb \
@@ -244,6 +281,7 @@ fi
 NODE_PIDS=()
 [[ $RC -eq 0 ]] || say "the job failed (exit $RC); logs in $LOGS"
 
+[[ $LAUNCHER == slurm ]] && slurm_wait_reports
 REPORT="$SPOOL/reports/job-$JOB.json"
 if reveal report "$JOBDIR" --format json > "$REPORT.tmp" 2> "$LOGS/report.err"; then
     mv "$REPORT.tmp" "$REPORT"

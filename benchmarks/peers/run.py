@@ -12,7 +12,7 @@ others a fault on a random node, a random time after ``ready`` and for a random 
 * ``cpu``      a CPU hog pinned to the node's CPU set (stress-ng --cpu)
 * ``network``  tc tbf on the node's interface (20 or 50 Mbit/s)
 * ``memory``   stress-ng --vm on the node's CPUs (page faults, memory bandwidth)
-* ``io``       stress-ng --hdd with fsync from the node's CPUs (the disk itself is shared)
+* ``io``       stress-ng --hdd (buffered writes) from the node's CPUs (the disk is shared)
 
 Scored per fault run: the job report's top peer suspect overlapping the fault (start - 3 s ..
 end + 10 s) must name the node (``node_acc``) and the subsystem (``subsystem_acc``, expected
@@ -69,8 +69,19 @@ def schedule(n: int, split: str, seed: int | None) -> list[dict]:
     return out
 
 
-def run_one(plan: dict, seconds: int, spool: str, lock: str | None) -> dict:
-    cmd = ["bash", EXAMPLE, "--seconds", str(seconds), "--spool", spool]
+def frozen_example(into: str) -> str:
+    """A private copy of the example (bash reads a script as it runs: editing the checkout
+    during a benchmark must not change the runs in flight)."""
+    d = os.path.join(into, "examples")
+    os.makedirs(d, exist_ok=True)
+    for f in ("multinode.sh", "multinode_slurm.sh", "train.py"):
+        shutil.copy2(os.path.join(ROOT, "examples", f), d)
+    return os.path.join(d, "multinode.sh")
+
+
+def run_one(plan: dict, seconds: int, spool: str, lock: str | None,
+            example: str = EXAMPLE) -> dict:
+    cmd = ["bash", example, "--seconds", str(seconds), "--spool", spool]
     if plan["kind"] != "clean":
         cmd += ["--fault", plan["kind"], "--node", str(plan["node"]), "--fault-at",
                 str(plan["at"]), "--fault-for", str(plan["dur"])]
@@ -262,10 +273,12 @@ def main(argv: list[str] | None = None) -> int:
     if keep:
         os.makedirs(keep, exist_ok=True)
     scores = []
+    frozen = tempfile.mkdtemp(prefix="reveal-peers-example-")
+    example = frozen_example(frozen)
     for i, plan in enumerate(plans, 1):
         spool = tempfile.mkdtemp(prefix="reveal-peers-bench-", dir=keep)
         try:
-            res = run_one(plan, a.seconds, spool, a.lock or None)
+            res = run_one(plan, a.seconds, spool, a.lock or None, example)
         except subprocess.TimeoutExpired:
             res = {"plan": plan, "rc": 124, "wall": 0.0, "stderr": "timeout", "stdout": ""}
         s = score(res)
@@ -278,6 +291,7 @@ def main(argv: list[str] | None = None) -> int:
                 json.dump({k: v for k, v in res.items() if k != "job"}, f)
         else:
             shutil.rmtree(spool, ignore_errors=True)
+    shutil.rmtree(frozen, ignore_errors=True)
     for ln in summary(scores):
         print(ln, flush=True)
         lines.append(ln)
