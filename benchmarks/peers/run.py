@@ -267,8 +267,13 @@ def main(argv: list[str] | None = None) -> int:
     header = (f"# benchmarks/peers/run.py --runs {a.runs} --seconds {a.seconds} --split "
               f"{a.split}{seed}  ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}, git {rev}, "
               f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
-    lines = [header]
-    print(header, flush=True)
+    res_f = open(out, "a")   # line by line: an interrupted benchmark keeps its runs
+
+    def emit(ln: str) -> None:
+        print(ln, flush=True)
+        res_f.write(ln + "\n")
+        res_f.flush()
+    emit(header)
     keep = a.keep
     if keep:
         os.makedirs(keep, exist_ok=True)
@@ -283,9 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             res = {"plan": plan, "rc": 124, "wall": 0.0, "stderr": "timeout", "stdout": ""}
         s = score(res)
         scores.append(s)
-        ln = run_line(i, res, s)
-        print(ln, flush=True)
-        lines.append(ln)
+        emit(run_line(i, res, s))
         if keep:
             with open(os.path.join(spool, "result.json"), "w") as f:
                 json.dump({k: v for k, v in res.items() if k != "job"}, f)
@@ -293,10 +296,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(spool, ignore_errors=True)
     shutil.rmtree(frozen, ignore_errors=True)
     for ln in summary(scores):
-        print(ln, flush=True)
-        lines.append(ln)
-    with open(out, "a") as f:
-        f.write("\n".join(lines) + "\n\n")
+        emit(ln)
+    res_f.write("\n")
+    res_f.close()
     print(f"results appended to {out}")
     return 0
 
