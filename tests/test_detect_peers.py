@@ -206,3 +206,28 @@ def test_live_leaves_out_stale_and_foreign_files(tmp_path):
     lives[0].publish(series[0].t[series[0].t <= T0 + 50], series[0].X[series[0].t <= T0 + 50],
                      series[0].names, series[0].units)
     assert lives[0].check(now=T0 + 50) == []          # its only same-job peer has no file yet
+
+
+def test_otel_peer_finding_on_the_job_span_and_live_span_in_the_jobs_trace():
+    from reveal_plugins.otel.trace import build_peer_spans, build_spans
+    from reveal_plugins.detect.job import annotate
+    rep = {"schema": "reveal.report/1", "status": "ok", "anomalies": [], "summary": "",
+           "telemetry": {"interval_s": 0.1, "samples": 1, "channels": 1, "probes": []},
+           "run": {"source": "slurm", "job_id": "77", "start": T0, "end": T0 + 100,
+                   "nodes": ["n1"]}}
+    sp = {"id": "P1", "node": "n1", "rank": 3, "subsystem": "network", "start": T0 + 20,
+          "end": T0 + 40, "score": 9.0, "hints": [],
+          "evidence": [{"channel": "network.tcp.RetransSegs", "deviation": 9.0,
+                        "observed": 40.0, "peers": 0.2}]}
+    annotate(rep, {"nodes": [{"node": "n0"}, {"node": "n1"}], "suspects": [sp],
+                   "summary": "Peers: node n1"}, {"node": "n1", "suspect": True}, "77")
+    root = build_spans(rep, {"run": {"host": "n1", "job_id": "77", "source": "slurm"}})[0]
+    assert root.attributes["reveal.peers.suspect"] is True
+    assert list(root.attributes["reveal.peers.suspect_nodes"]) == ["n1"]
+    ev = [e for e in root.events if e.name == "peer_suspect"]
+    assert len(ev) == 1 and ev[0].attributes["reveal.peer.rank"] == 3
+    assert list(ev[0].attributes["reveal.peer.evidence.peers"]) == [0.2]
+    live = build_peer_spans(dict(sp, live=True, detected_at=T0 + 26, peers_compared=1),
+                            {"run_id": "x", "source": "slurm", "job_id": "77", "host": "n1"})
+    assert live[0].context.trace_id == root.context.trace_id        # the job's trace
+    assert live[0].events[0].name == "peer_suspect"

@@ -91,7 +91,19 @@ def reveal_agent_stopping(agent: Any) -> None:
 
 @hookimpl
 def reveal_live_finding(run: Any, anomaly: dict[str, Any]) -> None:
-    """Feed the live anomaly score gauge."""
+    """Feed the live anomaly score gauge; a multi-node job's live peer suspect (it carries
+    ``peers_compared``) is also sent as a span event in the job's trace when export is on."""
     if _live is not None:
         _live.record_finding(anomaly)
+    if isinstance(anomaly, dict) and "peers_compared" in anomaly:
+        cfg = _config(None)
+        if cfg is not None:
+            try:
+                from .export import send_spans
+                from .trace import build_peer_spans
+                info = run.to_dict() if hasattr(run, "to_dict") else dict(run or {})
+                send_spans(build_peer_spans(anomaly, info, cfg), cfg, budget_s=cfg.budget_s)
+            except Exception as e:   # the live loop must go on whatever the backend does
+                log.warning("OpenTelemetry peer suspect not sent: %s: %s", type(e).__name__,
+                            cfg.redact(str(e)))
     return None

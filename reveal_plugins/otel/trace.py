@@ -393,3 +393,32 @@ def build_spans(report: dict[str, Any], meta: dict[str, Any] | None = None,
     return sorted(spans, key=lambda s: (0 if s.parent is None else
                                         1 if s.name.startswith("step ") else 2,
                                         s.start_time or 0))
+
+
+def build_peer_spans(suspect: dict[str, Any], run: dict[str, Any],
+                     cfg: OtelConfig | None = None) -> list[ReadableSpan]:
+    """A live peer suspect as one short span ("peer suspect", with a ``peer_suspect`` event)
+    in the job's trace (same trace id as the job's spans at its end: the ids come from the
+    job's identity), sent while the job still runs.  ``run`` is the node's RunInfo dict."""
+    cfg = cfg or OtelConfig()
+    report = {"run": {"source": run.get("source", "local"), "job_id": run.get("job_id"),
+                      "nodes": [run.get("host") or "unknown"], "start": 0.0, "end": 0.0,
+                      "run_id": run.get("run_id")}}
+    meta = {"run": run}
+    tkey, skey = trace_keys(report, meta)
+    ids = RunIdGenerator(tkey, skey)
+    memory = InMemorySpanExporter()
+    provider = TracerProvider(resource=build_resource(report, meta, cfg), id_generator=ids,
+                              shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(memory))
+    tracer = provider.get_tracer(SCOPE, __version__)
+    ids.next_key = f"peer|{suspect.get('node')}|{suspect.get('subsystem')}|" \
+                   f"{float(suspect['start']):.3f}"
+    t_end = float(suspect.get("detected_at") or suspect["end"])
+    attrs = peer_event_attributes(suspect, cfg.max_evidence)
+    attrs["reveal.live"] = True
+    sp = tracer.start_span("peer suspect", kind=SpanKind.INTERNAL, attributes=attrs,
+                           start_time=_ns(suspect["start"]))
+    sp.add_event("peer_suspect", attributes=attrs, timestamp=_ns(t_end))
+    sp.end(end_time=_ns(t_end))
+    return list(memory.get_finished_spans())

@@ -1,6 +1,7 @@
 """The agent's live loop: every few seconds, each live run's new rows go to its
 :class:`~reveal_plugins.detect.live.LiveAnalyzer`; findings become ``live_finding`` events and
-``reveal_live_finding`` hook calls (OTel span events, peers)."""
+``reveal_live_finding`` hook calls (OTel span events, peers); a multi-node job's suspect node
+(:mod:`reveal_plugins.detect.live_peers`) becomes a ``peer_suspect`` event."""
 from __future__ import annotations
 
 import logging
@@ -49,3 +50,36 @@ class LiveLoop:
                     with self._lock:
                         self._event(st, "live_finding", anomaly=a)
                     call_safely("reveal_live_finding", run=st.run, anomaly=a)
+                self._peer_step(st)
+
+    def _peer_step(self, st) -> None:
+        """A run of a multi-node job whose run directories sit side by side (shared spool):
+        publish this node's live horizon and compare it with the peers'
+        (:mod:`reveal_plugins.detect.live_peers`); each new suspect becomes a
+        ``peer_suspect`` event and a ``reveal_live_finding`` hook call."""
+        peer = getattr(st, "peer_live", False)
+        if peer is False:    # first call for this run: is it part of a job with peers?
+            try:
+                from ..detect.live_peers import for_run
+                peer = for_run(st.run, self.config)
+            except Exception as e:
+                log.warning("live peer comparison unavailable: %s: %s", type(e).__name__, e)
+                peer = None
+            st.peer_live = peer
+        if peer is None or st.live is None:
+            return
+        try:
+            h = st.live.horizon()
+            if h is None:
+                return
+            peer.publish(*h)
+            suspects = peer.check()
+        except Exception as e:   # never break the agent; give up on peers for this run
+            log.warning("live peer comparison of %s failed: %s: %s", st.run.run_id,
+                        type(e).__name__, e)
+            st.peer_live = None
+            return
+        for sp in suspects:
+            with self._lock:
+                self._event(st, "peer_suspect", suspect=sp)
+            call_safely("reveal_live_finding", run=st.run, anomaly=sp)
