@@ -167,3 +167,31 @@ def test_agent_featurizes_segments_while_the_run_goes_on(tmp_path):
     job_end = analyze(d, STREAM)
     full = analyze(d, {**STREAM, "full": True})
     assert _comparable(job_end) == _comparable(full)
+
+
+def test_gpu_link_below_max_is_found_when_streamed(tmp_path):
+    """The invariant findings (judged on window means when streamed) still see a busy GPU
+    whose PCIe link runs below its maximum generation."""
+    from reveal_plugins.telemetry.store import SegmentWriter, write_meta
+    h = SynthHost(2, seed=2)
+    gpu = [ChannelMeta("gpu.0.util_sm", "%", "gauge", "nvml"),
+           ChannelMeta("gpu.0.pcie_link_gen", "gen", "gauge", "nvml"),
+           ChannelMeta("gpu.0.pcie_link_gen_max", "gen", "gauge", "nvml")]
+    d = str(tmp_path / "gpu")
+    os.makedirs(d)
+    w = SegmentWriter(d, h.channels + gpu, sync=False)
+    t = h.t0 + np.arange(1200) * 0.1
+    V = h.chunk(t)
+    rng = np.random.default_rng(0)
+    for i in range(len(t)):
+        w.add(float(t[i]), np.concatenate([V[i], [90 + rng.random(), 3.0, 4.0]]))
+    w.flush()
+    write_meta(d, {"schema": "reveal.run/1", "host": "synth", "interval_s": 0.1,
+                   "run": {"run_id": "gpu", "run_dir": d, "source": "local", "host": "synth"},
+                   "channels": [c.to_dict() for c in h.channels + gpu], "probes": [],
+                   "start": float(t[0]), "end": float(t[-1]), "steps": []})
+    for cfg in ({}, STREAM):
+        rep = analyze(d, cfg)
+        inv = [a for a in rep["anomalies"] if a.get("invariant")]
+        assert inv and inv[0]["subsystem"] == "gpu", (cfg, rep["anomalies"])
+        assert "PCIe link gen 3 < max 4" in inv[0]["invariant"]

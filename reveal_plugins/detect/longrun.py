@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -48,6 +49,10 @@ log = logging.getLogger(__name__)
 #: Columns every window keeps in memory (foreign-load family and its corrections).
 _FOREIGN_COLS = tuple(fl.MINIMUM) + ("storage.all.write_bytes", "storage.run.write_bytes",
                                      "memory.MemAvailable")
+
+#: GPU channels attribution.invariant_findings reads (kept for every window).
+_GPU_INVARIANT = re.compile(r"^gpu\.\d+\.(util_sm|pcie_link_(gen|width)(_max)?|throttle_\w+|"
+                            r"xid_events|ecc_uncorrected)$")
 
 
 @dataclass
@@ -186,7 +191,7 @@ def _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv, fu
     pos_full[fcols] = np.arange(len(fcols))
     idx = {n: i for i, n in enumerate(names)}
     keepcols = sorted({idx[n] for n in _FOREIGN_COLS if n in idx} |
-                      {i for i, n in enumerate(names) if n.startswith("gpu.")})
+                      {i for i, n in enumerate(names) if _GPU_INVARIANT.match(n)})
     # -- pass 1: sizes, times, sums, gathered columns, the fit sample ---------------------
     import pyarrow.parquet as pq
     sizes = [pq.ParquetFile(p).metadata.num_rows for _, _, p in files]
