@@ -62,7 +62,7 @@ def _cgroup_available():
 
 
 @pytest.mark.parametrize("cap", ["cgroup", "rlimit"])
-def test_memory_cap_hit_gives_a_partial_report(run_dir, tmp_path, cap):
+def test_memory_cap_hit_gives_a_partial_report(run_dir, tmp_path, cap, report_schema_validate):
     if os.geteuid() != 0:
         pytest.skip("the analysis caps are root's (the Epilog)")
     if cap == "cgroup" and _cgroup_available():
@@ -70,6 +70,7 @@ def test_memory_cap_hit_gives_a_partial_report(run_dir, tmp_path, cap):
     log = _analyze(run_dir, tmp_path, 'analyzer = "tests.slurm_fault_analyzers:hog"\n'
                    f'analysis_memory_max_mb = 300\nanalysis_cap = "{cap}"\n')
     rep = _report(run_dir, 1)
+    report_schema_validate(rep)
     assert rep["status"] == "partial"
     assert "memory cap of 300 MB reached" in rep["status_reason"] and cap in rep["status_reason"]
     assert "ANALYSIS STOPPED" in rep["summary"]
