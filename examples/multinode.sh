@@ -112,7 +112,7 @@ mkdir -p "$SPOOL/jobs" "$SPOOL/reports" "$SPOOL/logs/$JOB"
 SPOOL="$(cd "$SPOOL" && pwd)"
 JOBDIR="$SPOOL/jobs/$JOB"
 LOGS="$SPOOL/logs/$JOB"
-WORK="$(mktemp -d /tmp/reveal-multinode.XXXXXX)"
+WORK="$(mktemp -d "/tmp/reveal-multinode.$P.XXXXXX")"   # named by the prefix: findable
 declare -a NODE_PIDS=() DAEMON_PIDS=() NS=() CPUS=()
 FAULT_PID=""
 

@@ -34,8 +34,10 @@ class NodeLine:
     cpus: str
 
 
-def leftovers(prefix: str) -> list[str]:
-    """Namespaces named ``prefix*`` and processes whose command line mentions ``prefix``."""
+def leftovers(prefix: str, *needles: str) -> list[str]:
+    """Namespaces named ``prefix*`` and processes whose command line mentions ``prefix`` (the
+    example's temporary directory is named by it: agents, slurmd, munged) or a needle (e.g.
+    the spool: launchers, workers)."""
     out = [f"netns {ln.split()[0]}" for ln in
            subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
            .splitlines() if ln.startswith(prefix)]
@@ -48,7 +50,7 @@ def leftovers(prefix: str) -> list[str]:
                 cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        if prefix in cmd:
+        if any(n in cmd for n in (f"{prefix}-", f".{prefix}.", *needles)):
             out.append(f"process {pid}: {cmd[:120]}")
     return out
 

@@ -93,7 +93,7 @@ def _check_run(run, job, before_qdiscs):
                  if c["name"].startswith("cpu.core")}
         assert cores == {f"core{c}" for c in meta["cpus"]}
     # nothing left behind: namespaces, processes, qdiscs of the host
-    assert leftovers(run.prefix) == []
+    assert leftovers(run.prefix, run.spool) == []
     assert subprocess.run(["tc", "qdisc", "show"], capture_output=True,
                           text=True).stdout == before_qdiscs
 
@@ -174,4 +174,22 @@ def test_interrupted_example_leaves_nothing_behind(multinode):
     out, err = run.proc.communicate(timeout=40)
     assert run.proc.returncode == 130, err[-2000:]
     assert "report=" not in out
-    assert leftovers(run.prefix) == [] and _qdiscs() == before
+    assert leftovers(run.prefix, run.spool) == [] and _qdiscs() == before
+
+
+def test_srun_across_two_slurmd_nodes(multinode):
+    """--launcher slurm: one slurmd per node namespace, `srun -N 2 reveal-torchrun ...`; each
+    node's Prolog starts that node's agent (its CPU set, its interfaces); one job directory
+    under Slurm's job id."""
+    import shutil
+    missing = [c for c in ("slurmctld", "slurmd", "srun", "sinfo", "munged")
+               if shutil.which(c) is None]
+    if missing:
+        pytest.skip(f"Slurm not installed ({', '.join(missing)} missing)")
+    before = _qdiscs()
+    run = multinode.start(20, "--launcher", "slurm")
+    job = run.finish(timeout=88)
+    _check_run(run, job, before)
+    assert str(job["job_id"]).isdigit()
+    assert [r["run"]["source"] for r in job["reports"]] == ["slurm", "slurm"]
+    assert {r["run"]["job_id"] for r in job["reports"]} == {str(job["job_id"])}
