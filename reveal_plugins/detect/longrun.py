@@ -157,7 +157,8 @@ def _store(run_dir: str, names: list[str], cfg: dict, full: bool, notes: list[st
     """The run's feature store when its features fit this analysis (same windows, same
     channels) and we may write there; a private temporary one otherwise."""
     try:
-        fs = FeatureStore.for_run(run_dir, create=True)
+        # --full rewrites every file: no fsync (a file lost to a crash is recomputed anyway)
+        fs = FeatureStore.for_run(run_dir, create=True, sync=not full)
     except OSError as e:
         notes.append(f"features computed in a temporary directory ({e})")
         return FeatureStore.temporary()
