@@ -74,6 +74,9 @@ def test_memory_cap_hit_gives_a_partial_report(run_dir, tmp_path, cap, report_sc
     assert rep["status"] == "partial"
     assert "memory cap of 300 MB reached" in rep["status_reason"] and cap in rep["status_reason"]
     assert "ANALYSIS STOPPED" in rep["summary"]
+    from reveal_plugins.report.text import render_text
+    text = render_text(rep, color=False)
+    assert "Analysis stopped" in text and "No anomalies" not in text
     assert "report status partial" in log
     for d in ("/sys/fs/cgroup/memory/reveal.analysis", "/sys/fs/cgroup/reveal.analysis"):
         if os.path.isdir(d):   # the cgroup it made is gone

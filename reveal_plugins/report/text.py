@@ -250,7 +250,12 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     anomalies = report.get("anomalies") or []
     out.append("")
     analysed = report.get("analysed", True)
-    if not tel.get("samples") and not (view is not None and len(view.frame.t)):
+    if (report.get("analysis") or {}).get("stopped"):   # a memory cap or timeout stopped it
+        out.append(s("✗ Analysis stopped", "bold", "red") + f" ({report.get('status_reason')})"
+                   ": no window was judged; the absence of anomalies means nothing.")
+        out.append("  Re-run `reveal analyze DIR` with more memory or time; the telemetry is "
+                   "kept.")
+    elif not tel.get("samples") and not (view is not None and len(view.frame.t)):
         out.append(s("No telemetry was recorded for this run", "bold", "yellow")
                    + f" (it lasted {fmt.duration(report['run']['end'] - report['run']['start'])};"
                    f" the first sample comes after {fmt.number(tel.get('interval_s'), 's')}, "
