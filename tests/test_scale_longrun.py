@@ -195,3 +195,14 @@ def test_gpu_link_below_max_is_found_when_streamed(tmp_path):
         inv = [a for a in rep["anomalies"] if a.get("invariant")]
         assert inv and inv[0]["subsystem"] == "gpu", (cfg, rep["anomalies"])
         assert "PCIe link gen 3 < max 4" in inv[0]["invariant"]
+
+
+def test_incremental_features_can_be_turned_off(tmp_path, monkeypatch):
+    from reveal_plugins.detect.featurize import feature_writer
+    monkeypatch.setenv("REVEAL_FEATURES", "0")
+    assert feature_writer(str(tmp_path), [], 0.1) is None
+    monkeypatch.delenv("REVEAL_FEATURES")
+    assert feature_writer(str(tmp_path), [], 0.1, {"features": False}) is None
+    fw = feature_writer(str(tmp_path), [], 0.1)
+    assert fw is not None
+    fw.close()
