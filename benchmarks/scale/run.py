@@ -25,6 +25,7 @@ from ``ru_maxrss``), through ``analysis.analyze_and_publish`` like the Epilog's.
   (featurizing holds one segment at a time) and this job-end peak (``--full`` then makes the
   same pass over the features).
 
+Up to 2 h the in-memory pipeline is measured on the same run as the reference (ratios printed).
 The last line is ``job_end_s=... job_end_rss_mb=... full_s=... full_rss_mb=...``.  Goals
 (issue 12): job end <= 60 s and <= 1 GB for 7 days; --full linear in duration and <= 1 GB at
 any length; 1 h still <= 10 s.
@@ -122,6 +123,15 @@ def direct(hours: float, base: str, do_full: bool) -> dict:
         st = measure(d, {"stream_after_s": 0})
         row["job_end_streamed"] = st
         print(f"# job end, streamed path forced (stream_after_s=0): {json.dumps(st)}",
+              flush=True)
+    if hours <= 2:   # the reference, same run: the in-memory pipeline (~0.5 GB per hour)
+        drop_tail_features(d)
+        mem = measure(d, {"stream_after_s": 1e9})
+        row["in_memory"] = mem
+        print(f"# reference, in-memory pipeline: {json.dumps(mem)}", flush=True)
+        print(f"# job end / in-memory: time x{job['seconds'] / mem['seconds']:.2f}, peak RSS "
+              f"x{job['peak_rss_mb'] / mem['peak_rss_mb']:.2f}; same anomalies: "
+              f"{[a[2] for a in job['anomalies']] == [a[2] for a in mem['anomalies']]}",
               flush=True)
     if not do_full:
         row.pop("full")
