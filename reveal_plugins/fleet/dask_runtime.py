@@ -153,7 +153,11 @@ def run_tasks(client, fn: Callable, items: Sequence, what: str, batch: int = 0,
     items = list(items)
     if not items:
         return
-    nworkers = max(1, len(client.scheduler_info(n_workers=-1).get("workers", {})) or 1)
+    try:
+        info = client.scheduler_info(n_workers=-1)
+    except TypeError:   # distributed < 2025: every worker is listed anyway
+        info = client.scheduler_info()
+    nworkers = max(1, len(info.get("workers", {})))
     if batch <= 0:   # ~8 tasks per worker: balance without per-task overhead
         batch = max(1, min(500, -(-len(items) // (8 * nworkers))))
     chunks = [items[i:i + batch] for i in range(0, len(items), batch)]
