@@ -137,7 +137,7 @@ class PeerLive:
             nodes.append(self._series(p))
         if len(nodes) < 2 or len({s.node for s in nodes}) < len(nodes):
             return []
-        res = compare(nodes, {"cooldown_s": 0.0, "warmup_s": 15.0})
+        res = compare(nodes, {"cooldown_s": 0.0, "warmup_s": 15.0, "min_windows": 2})
         newest = min(float(s.t[-1]) for s in nodes)
         out = []
         for sp in res.suspects:

@@ -53,6 +53,7 @@ DEFAULTS: dict[str, Any] = {
     "threshold": 4.0,        # robust z of a symptom against the peers (as min_deviation)
     "min_z": 3.0,            # smallest z a channel needs to count at all
     "own_fraction": 0.5,     # the node's own change must explain this share of the residual
+    "min_fraction": 1.0,     # x the symptoms' practical minimum (attribution.SYMPTOMS)
     "min_windows": 3, "gap_s": 3.0,
     "warmup_s": 10.0, "cooldown_s": 3.0,
     "max_share": 0.34,       # more nodes than this flagged at once: not one node's problem
@@ -194,8 +195,9 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
         return res
     units = nodes[0].units
     units = [units[nodes[0].names.index(n)] for n in names]
-    Z, R, P, own_ok, expected = _scores(V, ok, names, units, cfg)
+    Z, R, P, own_ok, expected, own_level = _scores(V, ok, names, units, cfg)
     is_s, dirn, mins, absm = _harm_mask(names)
+    mins, absm = mins * cfg["min_fraction"], absm * cfg["min_fraction"]
     delta = np.nan_to_num((V - expected) * dirn, nan=0.0)
     rel = mins < 0
     with np.errstate(invalid="ignore"):
@@ -213,7 +215,7 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
         for a, b in group(flag[i], mid, cfg["stride_s"], cfg["gap_s"], cfg["min_windows"]):
             rows = np.arange(a, b + 1)
             rows = rows[flag[i, rows]]
-            res.suspects.append(_suspect(s, i, rows, mid, cfg, Z, V, P, R, ok, counted, hits,
+            res.suspects.append(_suspect(s, i, rows, mid, cfg, Z, V, P, own_level, counted, hits,
                                          names, units, job_share, nodes))
     res.suspects.sort(key=lambda x: -x["score"])
     for k, sp in enumerate(res.suspects, 1):
@@ -245,7 +247,8 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
     # that is worse from start to end is a finding, not its normal (best-rank reference).
     harm = _harm_mask(names)[0][None, :]
     offset, spread = _offset_spread(R, ok[None, :, None], zero=harm)
-    scale = np.maximum(spread, floor[None, :])
+    lag = max(1, int(round(cfg["window_s"] / cfg["stride_s"])))
+    scale = np.maximum(np.maximum(spread, _jitter(R, ok, lag)), floor[None, :])
     agree = ok[None, :, None] & (np.abs(R - offset[:, None, :]) <= cfg["min_z"]
                                  * scale[:, None, :])
     enough = agree.sum(axis=1) >= 5
@@ -266,7 +269,24 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
         own_ok = (np.sign(own) == np.sign(resid)) & (
             np.abs(own) >= cfg["own_fraction"] * np.abs(resid)) & (
             np.abs(resid) >= cfg["own_fraction"] * np.abs(own))
-    return Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool), P + offset[:, None, :]
+    return (Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool), P + offset[:, None, :],
+            own_level)
+
+
+def _jitter(R: np.ndarray, ok: np.ndarray, lag: int) -> np.ndarray:
+    """Noise of each residual from the differences between windows ``lag`` apart (windows
+    that share no sample): sigma = 1.4826 MAD(diff) / sqrt(2).  A level shift (a fault,
+    however long) moves only the few differences across its edges, while a channel that
+    bursts on and off (TCP retransmissions of a busy link) shows its noise in most of them:
+    bursts the node always has are no finding."""
+    if R.shape[1] <= lag + 4:
+        return np.zeros(R.shape[::2])
+    both = ok[lag:] & ok[:-lag]
+    D = np.where(both[None, :, None], R[:, lag:, :] - R[:, :-lag, :], np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mad = np.nanmedian(np.abs(D - np.nanmedian(D, axis=1, keepdims=True)), axis=1)
+    return np.nan_to_num(1.4826 * mad / np.sqrt(2.0))
 
 
 def _offset_spread(R: np.ndarray, rows: np.ndarray, zero: np.ndarray | None = None
@@ -290,7 +310,7 @@ def _num(x: float) -> float | None:
 
 
 def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict,
-             Z, V, P, R, ok, counted, hits, names, units, job_share, nodes) -> dict:
+             Z, V, P, own, counted, hits, names, units, job_share, nodes) -> dict:
     """One suspect: subsystem, evidence (node value beside the peers' median), impact."""
     z = np.where(counted[i, rows], Z[i, rows], 0.0)
     zmean = z.mean(axis=0)
@@ -301,10 +321,17 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
             if _FOREIGN.match(names[j]) and not names[j].startswith("cpu.")]
     if fsub:     # like the node's own analysis: a neighbour's memory or I/O is the cause
         sub = "memory" if "memory" in fsub else "storage"
+    elif any(_FOREIGN.match(names[j]) for j in np.nonzero(hit_any)[0]):
+        # foreign CPU time on the node: what that process did may show only in signals the
+        # node shares with its peers (one disk, one kernel's memory) -- its own foreign I/O or
+        # memory growing at the same time, beyond the practical minimum, names it
+        sub = _foreign_kind(names, V[i, rows], own[i]) or sub
     # (foreign CPU time alone says only that something ran there; what it did -- page
     # faults, I/O wait -- is in the other channels, which choose_subsystem weighs)
-    node_v = np.nanmean(V[i, rows], axis=0)
-    peer_v = np.nanmean(P[i, rows], axis=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)      # all-NaN channels stay NaN
+        node_v = np.nanmean(V[i, rows], axis=0)
+        peer_v = np.nanmean(P[i, rows], axis=0)
     rank_key = np.abs(zmean) * np.where(hit_any, 1.0, attr.ACTIVITY_WEIGHT)
     order = np.argsort(-rank_key)
     ev = []
@@ -342,6 +369,20 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     if imp:
         sp["impact"] = imp
     return sp
+
+
+def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray) -> str | None:
+    """storage / memory when the node's foreign disk bytes / memory rose (against its own
+    level) by their practical minimum during the rows; None otherwise."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        change = np.nanmean(rows, axis=0) - level
+    for sub, chans in (("storage", ("storage.foreign.write_bytes", "storage.foreign.read_bytes")),
+                       ("memory", ("memory.foreign.used",))):
+        for ch in chans:
+            if ch in names and np.nan_to_num(change[names.index(ch)]) >= FOREIGN_MINIMUM[ch]:
+                return sub
+    return None
 
 
 def job_impact(events_per_node: Sequence[list[dict]], start: float, end: float
