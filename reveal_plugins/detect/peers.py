@@ -319,13 +319,15 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     sub, sub_scores = attr.choose_subsystem(vote, names, hit_any)
     fsub = [attr.subsystem_of(names[j]) for j in np.nonzero(hit_any)[0]
             if _FOREIGN.match(names[j]) and not names[j].startswith("cpu.")]
+    kind = _foreign_kind(names, V[i, rows], own[i])
     if fsub:     # like the node's own analysis: a neighbour's memory or I/O is the cause
-        sub = "memory" if "memory" in fsub else "storage"
+        # (page-cache growth is memory unless the node's foreign disk bytes rose with it)
+        sub = "storage" if "storage" in fsub or kind == "storage" else "memory"
     elif any(_FOREIGN.match(names[j]) for j in np.nonzero(hit_any)[0]):
         # foreign CPU time on the node: what that process did may show only in signals the
         # node shares with its peers (one disk, one kernel's memory) -- its own foreign I/O or
         # memory growing at the same time, beyond the practical minimum, names it
-        sub = _foreign_kind(names, V[i, rows], own[i]) or sub
+        sub = kind or sub
     # (foreign CPU time alone says only that something ran there; what it did -- page
     # faults, I/O wait -- is in the other channels, which choose_subsystem weighs)
     with warnings.catch_warnings():
