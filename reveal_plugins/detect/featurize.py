@@ -337,6 +337,7 @@ def feature_writer(run_dir: str, channels: Sequence[ChannelMeta], interval_s: fl
                    config: dict | None = None) -> FeatureWriter | None:
     """The agent's hook point: a :class:`FeatureWriter` for a new run (None when turned off:
     ``REVEAL_FEATURES=0`` in the agent's environment, or its config ``features: False``)."""
-    if (config or {}).get("features", True) is False or os.environ.get("REVEAL_FEATURES") == "0":
+    off = os.environ.get("REVEAL_FEATURES") == "0"
+    if off or (config or {}).get("features", True) is False:
         return None
     return FeatureWriter(run_dir, channels, interval_s)
