@@ -288,8 +288,8 @@ class FeatureWriter:
     """Featurizes each segment of a run in a background thread, after the agent wrote it.
 
     The agent's segment writer calls it with each segment's path (cheap: queued) and
-    :meth:`close` when the run ends; featurization never delays sampling and a failure only costs the job-end
-    analysis some time (it featurizes what is missing)."""
+    :meth:`close` when the run ends; featurization never delays sampling and a failure only
+    costs the job-end analysis some time (it featurizes what is missing)."""
 
     def __init__(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
                  window_s: float = 3.0, stride_s: float = 1.0):
