@@ -46,15 +46,14 @@ def main() -> int:
                 time.sleep(0.1)
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     conn.settimeout(30)
-    append = None
-    if a.run_dir:
+    def append(**kw):
+        if not a.run_dir:
+            return
         from reveal_plugins.telemetry.store import append_event
-
-        def append(**kw):
-            try:
-                append_event(a.run_dir, "iteration", **kw)
-            except OSError:
-                pass
+        try:
+            append_event(a.run_dir, "iteration", **kw)
+        except OSError:
+            pass
     # rank 0 decides when to stop, so both leave on the same step
     t_end = time.time() + a.seconds
     step, acc, t_prev = 0, [], time.time()
@@ -69,7 +68,7 @@ def main() -> int:
         acc.append(now - t_prev)
         t_prev = now
         step += 1
-        if append and len(acc) == 10:
+        if len(acc) == 10:
             append(rank=a.rank, step=step, n=len(acc), dt=sum(acc) / len(acc), dt_max=max(acc))
             acc = []
         if stop or peer == b"s":
