@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+import pyarrow.parquet as pq
 import pytest
 
 from fixtures_fleet import planted_fleet
@@ -57,3 +58,20 @@ def test_nodes_on_two_slurm_workers_same_ranking(slurm_cluster, fleet_templates,
             break
         time.sleep(0.5)
     assert not live, live
+    # The worker jobs were real jobs under the Reveal hooks: the node's spool holds their run
+    # directories, and indexing that real spool finds them under their identity.
+    dirs = [slurm_cluster.run_dir(i) for i in sorted(ids)]
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(d, "meta.json")) for d in dirs):
+        assert time.monotonic() < deadline, dirs
+        time.sleep(0.5)
+    real = os.path.join(root, "REAL")
+    build_index([slurm_cluster.spool], real, None, features=False)
+    rows = {r["job_id"]: r for r in pq.read_table(os.path.join(real, "runs")).to_pylist()}
+    for i in ids:
+        assert rows[i]["source"] == "slurm" and rows[i]["node"] == slurm_cluster.node
+        assert rows[i]["user"] == "root" and rows[i]["partition"] == "debug"
+        extra = json.load(open(os.path.join(slurm_cluster.run_dir(i), "meta.json")))["run"][
+            "extra"]
+        # the SPANK registration carries no job name or command (workload "unknown" then)
+        assert rows[i]["workload"] == extra.get("job_name", "unknown")
