@@ -319,7 +319,7 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     sub, sub_scores = attr.choose_subsystem(vote, names, hit_any)
     fsub = [attr.subsystem_of(names[j]) for j in np.nonzero(hit_any)[0]
             if _FOREIGN.match(names[j]) and not names[j].startswith("cpu.")]
-    kind = _foreign_kind(names, V[i, rows], own[i])
+    kind = _foreign_kind(names, V[i, rows], own[i], P[i, rows])
     if fsub:     # like the node's own analysis: a neighbour's memory or I/O is the cause
         # (page-cache growth is memory unless the node's foreign disk bytes rose with it)
         sub = "storage" if "storage" in fsub or kind == "storage" else "memory"
@@ -373,17 +373,23 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     return sp
 
 
-def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray) -> str | None:
+def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray,
+                  peers: np.ndarray) -> str | None:
     """storage / memory when the node's foreign disk bytes / memory rose (against its own
-    level) by their practical minimum during the rows; None otherwise."""
+    level) by their practical minimum during the rows *and* stand that much above the peers'
+    median: foreign I/O every node sees (one shared disk, writes of the job's own tooling) says
+    nothing about what the suspect's foreign CPU did.  None otherwise."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        change = np.nanmean(rows, axis=0) - level
+        node = np.nanmean(rows, axis=0)
+        change, above = node - level, node - np.nanmean(peers, axis=0)
     for sub, chans in (("storage", ("storage.foreign.write_bytes", "storage.foreign.read_bytes")),
                        ("memory", ("memory.foreign.used",))):
         for ch in chans:
-            if ch in names and np.nan_to_num(change[names.index(ch)]) >= FOREIGN_MINIMUM[ch]:
-                return sub
+            if ch in names:
+                j, m = names.index(ch), FOREIGN_MINIMUM[ch]
+                if np.nan_to_num(change[j]) >= m and np.nan_to_num(above[j]) >= m:
+                    return sub
     return None
 
 
