@@ -40,6 +40,7 @@ from .events import group, hysteresis, span
 from .featstore import FeatureFileError, FeatureStore, _seq, read
 from .featurize import Chunk, full_columns, informative_from, prepared_names
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
+from .pipeline import set_anomalies
 from .prepare import PER_CORE
 from .prune import prune
 from .windows import STATS, Windows
@@ -429,15 +430,4 @@ def _judge_all(out, P, W, M, B, E, cfg, meta, events):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         anomalies += stages.invariant_anomalies(P, W, E, meta, events)
-    if weak:
-        out.notes.append(f"{weak} candidate window group(s) dismissed: no channel moved by "
-                         f"{cfg['min_deviation']:g} robust spreads (or its practical floor)")
-    anomalies.sort(key=lambda x: x["start"])
-    if len(anomalies) > cfg["max_anomalies"]:
-        out.notes.append(f"{len(anomalies)} anomalies; kept the {cfg['max_anomalies']} "
-                         "strongest")
-        anomalies = sorted(anomalies, key=lambda x: -x["score"])[:cfg["max_anomalies"]]
-        anomalies.sort(key=lambda x: x["start"])
-    for i, an in enumerate(anomalies, 1):
-        an["id"] = f"A{i}"
-    out.anomalies = anomalies
+    set_anomalies(out, anomalies, weak, cfg)

@@ -91,6 +91,13 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
         else:
             weak += 1
     anomalies += stages.invariant_anomalies(P, W, E, meta, events)
+    set_anomalies(out, anomalies, weak, cfg)
+    return out
+
+
+def set_anomalies(out, anomalies: list[dict], weak: int, cfg: dict) -> None:
+    """The judged anomalies into ``out``: by time, at most ``max_anomalies`` (the strongest),
+    numbered A1.., with notes on what was dismissed or cut (in-memory and streamed paths)."""
     if weak:
         out.notes.append(f"{weak} candidate window group(s) dismissed: no channel moved by "
                          f"{cfg['min_deviation']:g} robust spreads (or its practical floor)")
@@ -103,7 +110,6 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     for i, an in enumerate(anomalies, 1):
         an["id"] = f"A{i}"
     out.anomalies = anomalies
-    return out
 
 
 def load_baseline(baseline: Any) -> dict | None:
@@ -150,6 +156,12 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
         return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,
                              channels=len(metas), bytes_stored=nbytes, t_first=t_first,
                              t_last=t_last)
+    return _report(meta, det, notes, samples, len(metas), nbytes, bl, t0)
+
+
+def _report(meta: dict, det, notes: list[str], samples: int, channels: int, nbytes: int,
+            bl: dict | None, t0: float) -> dict:
+    """The report of a finished detection (in-memory or streamed)."""
     notes += det.notes
     det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
     if bl is not None:
@@ -157,7 +169,7 @@ def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> d
     reason = partial_reason(notes)
     rep = {"schema": SCHEMA, "status": "partial" if reason else "ok", "status_reason": reason,
            "run": run_section(meta, det.t_first, det.t_last),
-           "telemetry": telemetry_section(meta, samples, len(metas), nbytes, None),
+           "telemetry": telemetry_section(meta, samples, channels, nbytes, None),
            "anomalies": det.anomalies, "observations": det.observations, "notes": notes,
            "analysis": det.analysis}
     rep["summary"] = summary(rep)
@@ -191,15 +203,4 @@ def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: dict, bl: dict
         log.exception("analysis of %s failed", run_dir)
         return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,
                              channels=len(metas), bytes_stored=nbytes)
-    notes += det.notes
-    det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
-    if bl is not None:
-        det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
-    reason = partial_reason(notes)
-    rep = {"schema": SCHEMA, "status": "partial" if reason else "ok", "status_reason": reason,
-           "run": run_section(meta, det.t_first, det.t_last),
-           "telemetry": telemetry_section(meta, samples, len(metas), nbytes, None),
-           "anomalies": det.anomalies, "observations": det.observations, "notes": notes,
-           "analysis": det.analysis}
-    rep["summary"] = summary(rep)
-    return rep
+    return _report(meta, det, notes, samples, len(metas), nbytes, bl, t0)
