@@ -135,12 +135,18 @@ cleanup() {
     for ns in "${NS[@]}" "$SW"; do
         ip netns del "$ns" 2>/dev/null || true
     done
-    rm -rf "$WORK"
+    if mountpoint -q "$WORK/hostproc" 2>/dev/null; then umount -l "$WORK/hostproc" || true; fi
+    rm -rf --one-file-system "$WORK"
     exit "$rc"
 }
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+
+# The machine's /proc, for the agents in the nodes' PID namespaces: a process somebody pins to
+# a node's CPUs from outside (a noisy neighbour) is that node's (telemetry/nodeprocs.py).
+mkdir -p "$WORK/hostproc"
+mount --bind /proc "$WORK/hostproc"
 
 # The network: a bridge in a switch namespace, one veth per node (eth0 inside the node).
 ip netns add "$SW"
@@ -204,6 +210,7 @@ for k in $(seq "$NODES"); do
     ip netns exec "${NS[$((k - 1))]}" taskset -c "${CPUS[$((k - 1))]}" \
         unshare --uts --pid --fork --mount-proc --kill-child \
         env TMPDIR="$WORK/$host" REVEAL_CPUS="${CPUS[$((k - 1))]}" REVEAL_LIVE=1 \
+            REVEAL_HOST_PROC="$WORK/hostproc" \
             GLOO_SOCKET_IFNAME=eth0 \
         sh -c 'hostname "$1" && mount --bind "$2" /etc/hosts && shift 2 && "$@"' \
             sh "$host" "$WORK/hosts" \

@@ -25,13 +25,13 @@ slurm_up() {
         || die "munged did not start"
     # Reveal's hooks: the node's CPU set from the hook's own affinity (slurmd's), live on
     printf 'spool = "%s"\n' "$WORK/spool" > "$WORK/etc/reveal-slurm.conf"
-    python3 - "$WORK/hooks" "$WORK/etc/reveal-slurm.conf" "$LOGS/hooks.log" <<'PY'
+    python3 - "$WORK/hooks" "$WORK/etc/reveal-slurm.conf" "$LOGS/hooks.log" "$WORK/hostproc" <<'PY'
 import os, sys
 from reveal_plugins.slurm.install import script
-d, cfg, log = sys.argv[1:4]
+d, cfg, log, hostproc = sys.argv[1:5]
 for hook in ("prolog", "epilog"):
     body = script(hook, {"REVEAL_SLURM_CONFIG": cfg, "REVEAL_SLURM_LOG": log,
-                         "REVEAL_LIVE": "1",
+                         "REVEAL_LIVE": "1", "REVEAL_HOST_PROC": hostproc,
                          "PYTHONPATH": os.path.dirname(os.path.dirname(
                              os.path.abspath(sys.modules["reveal_plugins"].__file__)))})
     body = body.replace("#!/bin/sh\n", "#!/bin/sh\nexport REVEAL_CPUS=\"$(taskset -pc $$ | "

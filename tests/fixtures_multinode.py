@@ -52,6 +52,8 @@ def leftovers(prefix: str, *needles: str) -> list[str]:
             continue
         if any(n in cmd for n in (f"{prefix}-", f".{prefix}.", *needles)):
             out.append(f"process {pid}: {cmd[:120]}")
+    with open("/proc/self/mountinfo") as f:     # the machine's /proc bound for the agents
+        out += [f"mount {ln.split()[4]}" for ln in f if f".{prefix}." in ln.split()[4]]
     return out
 
 

@@ -8,10 +8,19 @@ CPU set, agent, one gloo DDP rank).  The schedule is drawn from the split's seed
 never share a draw; tune on dev, report test): at least 5 clean runs (at least a quarter), the
 others a fault on a random node, a random time after ``ready`` and for a random length:
 
-* ``cpu``      a CPU hog pinned to the node's CPU set (stress-ng --cpu)
-* ``network``  tc tbf on the node's interface (20 or 50 Mbit/s)
-* ``memory``   stress-ng --vm on the node's CPUs (page faults, memory bandwidth)
-* ``io``       stress-ng --hdd (buffered writes) from the node's CPUs (the disk is shared)
+* ``cpu``      a CPU hog pinned to the node's CPU set (stress-ng --cpu, a Python spin loop,
+               dd /dev/zero -> /dev/null)
+* ``network``  a shaper on the node's interface (tc tbf 20 or 50 Mbit/s, netem 5 % loss,
+               netem 20 ms delay)
+* ``memory``   memory pressure from the node's CPUs (stress-ng --vm, a Python loop touching
+               1.5 GiB, a numpy copy loop over 2 GiB)
+* ``io``       disk writes from the node's CPUs (stress-ng --hdd, dd oflag=direct, dd
+               conv=fsync; the disk is shared by all nodes)
+
+The faults are injected from outside the job, after ``ready``, from the node lines the example
+prints (:mod:`faults`), as a person checking it would; the dev split never draws the
+``held_out`` tools, the test split draws from all.  The victim's shape is drawn too (model and
+width of ``examples/train.py``).
 
 Scored per fault run: the job report's top peer suspect overlapping the fault (start - 3 s ..
 end + 10 s) must name the node (``node_acc``) and the subsystem (``subsystem_acc``, expected
@@ -41,14 +50,18 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from faults import EXPECT, inject, variants  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 EXAMPLE = os.path.join(ROOT, "examples", "multinode.sh")
-EXPECT = {"cpu": "cpu", "network": "network", "memory": "memory", "io": "storage"}
 SEEDS = {"dev": 11, "test": 12}
-FAULT_RE = re.compile(r"fault (\w+) node=(\S+) start=([0-9.]+) end=([0-9.]+)")
+NODE_RE = re.compile(r"^node=(\S+) netns=(\S+) dev=(\S+) cpus=(\S+)$")
+SHAPES = [("mlp", 512), ("mlp", 1024), ("cnn", 256)]
 
 
 def schedule(n: int, split: str, seed: int | None) -> list[dict]:
@@ -60,11 +73,11 @@ def schedule(n: int, split: str, seed: int | None) -> list[dict]:
     rng.shuffle(kinds)
     out = []
     for k in kinds:
-        r = {"kind": k}
+        model, width = rng.choice(SHAPES)
+        r = {"kind": k, "model": model, "width": width}
         if k != "clean":
-            r.update(node=rng.randint(1, 2), at=rng.randint(6, 12), dur=rng.randint(14, 20))
-            if k == "network":
-                r["rate"] = rng.choice(["20mbit", "50mbit"])
+            r.update(node=rng.randint(1, 2), at=rng.randint(6, 12), dur=rng.randint(14, 20),
+                     tool=rng.choice(variants(k, split)).name)
         out.append(r)
     return out
 
@@ -110,32 +123,63 @@ class QuietLock:
 
 def run_one(plan: dict, seconds: int, spool: str, lock: "QuietLock | None",
             example: str = EXAMPLE) -> dict:
-    cmd = ["bash", example, "--seconds", str(seconds), "--spool", spool]
-    if plan["kind"] != "clean":
-        cmd += ["--fault", plan["kind"], "--node", str(plan["node"]), "--fault-at",
-                str(plan["at"]), "--fault-for", str(plan["dur"])]
-        if "rate" in plan:
-            cmd += ["--rate", plan["rate"]]
+    cmd = ["bash", example, "--seconds", str(seconds), "--spool", spool,
+           "--model", plan.get("model", "mlp"), "--width", str(plan.get("width", 512))]
     if lock is not None:
         lock.take()
     t = time.monotonic()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 150)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(p.stderr), daemon=True)
+    reader.start()
+    nodes: dict[str, dict] = {}
+    lines: list[str] = []
+    fault: dict = {}
+    injector = None
+    timer = threading.Timer(seconds + 150, p.kill)
+    timer.start()
+    for line in p.stdout:
+        lines.append(line)
+        m = NODE_RE.match(line.strip())
+        if m:
+            nodes[m.group(1)] = dict(zip(("node", "netns", "dev", "cpus"), m.groups()))
+        elif line.strip() == "ready" and plan["kind"] != "clean":
+            injector = threading.Thread(target=_inject, args=(plan, nodes, spool, fault),
+                                        daemon=True)
+            injector.start()
+    p.wait()
+    timer.cancel()
+    if injector is not None:
+        injector.join(timeout=60)
+    reader.join(timeout=10)
     wall = time.monotonic() - t
-    out = {"plan": plan, "rc": p.returncode, "wall": wall, "stdout": p.stdout,
-           "stderr": p.stderr[-4000:]}
-    last = p.stdout.strip().splitlines()[-1:] or [""]
+    stdout, stderr = "".join(lines), "".join(err)
+    out = {"plan": plan, "rc": p.returncode, "wall": wall, "stdout": stdout,
+           "stderr": stderr[-4000:]}
+    if fault.get("error"):
+        out["stderr"] += "\ninjection failed: " + fault["error"]
+    last = stdout.strip().splitlines()[-1:] or [""]
     if last[0].startswith("report="):
         with open(last[0][len("report="):]) as f:
             out["job"] = json.load(f)
-    m = FAULT_RE.search(p.stderr)
-    if m:
-        out["fault"] = {"kind": m.group(1), "node": m.group(2), "start": float(m.group(3)),
-                        "end": float(m.group(4))}
+    if "start" in fault:
+        out["fault"] = fault
     if "job" in out:
         jobdir = os.path.join(spool, "jobs", str(out["job"]["job_id"]))
         out["events"] = {h: _live_events(os.path.join(jobdir, h)) for h in os.listdir(jobdir)
                          if os.path.isfile(os.path.join(jobdir, h, "meta.json"))}
     return out
+
+
+def _inject(plan: dict, nodes: dict, tmp: str, into: dict) -> None:
+    node = f"node{plan['node']}"
+    v = next(v for v in variants(plan["kind"], "test") if v.name == plan["tool"])
+    try:
+        time.sleep(plan["at"])
+        t0, t1 = inject(v, nodes[node], plan["dur"], tmp)
+        into.update(kind=plan["kind"], node=node, start=t0, end=t1)
+    except Exception as e:          # the run is then scored as failed, with the reason
+        into["error"] = f"{type(e).__name__}: {e}"
 
 
 def _live_events(run_dir: str) -> list[dict]:
@@ -160,7 +204,8 @@ def _overlaps(a: dict, lo: float, hi: float) -> bool:
 def score(res: dict) -> dict:
     """Peers' and the reference's verdict for one run."""
     plan, job = res["plan"], res.get("job")
-    s: dict = {"kind": plan["kind"], "ok": res["rc"] == 0 and job is not None}
+    s: dict = {"kind": plan["kind"], "tool": plan.get("tool"),
+               "ok": res["rc"] == 0 and job is not None}
     if not s["ok"]:
         return s
     fault = res.get("fault")
@@ -175,7 +220,7 @@ def score(res: dict) -> dict:
     live_ref = sorted((e.get("t", 0), h, e) for h, evs in res.get("events", {}).items()
                       for e in evs if e.get("event") == "live_finding")
     if plan["kind"] == "clean":
-        s.update(false=len(suspects), ref_false=len(anomalies),
+        s.update(false=len(suspects), ref_false=len(anomalies), live_false=len(live_peer),
                  named=",".join(sorted({x["node"] for x in suspects})) or "-",
                  ref_named=",".join(sorted({x["node"] for x in anomalies})) or "-")
         return s
@@ -228,6 +273,7 @@ def summary(scores: list[dict]) -> list[str]:
     line1 = (f"node_acc={_acc([s['node_ok'] for s in f])} "
              f"subsystem_acc={_acc([s['sub_ok'] for s in f])} "
              f"false_suspects_clean={sum(s['false'] > 0 for s in c)}/{len(c)} "
+             f"live_false_clean={sum(s['live_false'] > 0 for s in c)}/{len(c)} "
              f"live_latency_s_p50={_p50([s['live'] for s in f])} "
              f"ref_node_acc={_acc([s['ref_node_ok'] for s in f])}")
     line2 = (f"fault_runs={len(f)} clean_runs={len(c)} failed_runs={len(scores) - len(ok)} "
@@ -246,19 +292,25 @@ def summary(scores: list[dict]) -> list[str]:
             per_kind.append(f"{k}: node {sum(s['node_ok'] for s in ks)}/{len(ks)} "
                             f"sub {sum(s['sub_ok'] for s in ks)}/{len(ks)} "
                             f"ref node {sum(s['ref_node_ok'] for s in ks)}/{len(ks)}")
-    return [line1, line2, "per kind: " + "; ".join(per_kind)]
+    per_tool = []
+    for tool in sorted({s["tool"] for s in f}):
+        ts = [s for s in f if s["tool"] == tool]
+        per_tool.append(f"{tool} {sum(s['node_ok'] for s in ts)}/{sum(s['sub_ok'] for s in ts)}"
+                        f"/{len(ts)}")
+    return [line1, line2, "per kind: " + "; ".join(per_kind),
+            "per tool (node/subsystem/runs): " + ", ".join(per_tool)]
 
 
 def run_line(i: int, res: dict, s: dict) -> str:
     p = res["plan"]
     head = f"run={i:02d} kind={p['kind']}"
     if p["kind"] != "clean":
-        head += f" node=node{p['node']} at=+{p['at']}s for={p['dur']}s" + (
-            f" rate={p['rate']}" if "rate" in p else "")
+        head += f" tool={p['tool']} node=node{p['node']} at=+{p['at']}s for={p['dur']}s"
+    head += f" victim={p.get('model', 'mlp')}/{p.get('width', 512)}"
     if not s["ok"]:
         return f"{head} FAILED rc={res['rc']} {res['stderr'].strip().splitlines()[-1:]}"
     if p["kind"] == "clean":
-        return (f"{head} suspects={s['false']} named={s['named']} "
+        return (f"{head} suspects={s['false']} named={s['named']} live={s['live_false']} "
                 f"ref_anomalies={s['ref_false']} ref_named={s['ref_named']} "
                 f"wall={res['wall']:.0f}s")
     return (f"{head} want={s['want']} peers={s['got']} lat={_fmt(s['latency'])} "
@@ -307,12 +359,9 @@ def main(argv: list[str] | None = None) -> int:
     example = frozen_example(frozen)
     for i, plan in enumerate(plans, 1):
         spool = tempfile.mkdtemp(prefix="reveal-peers-bench-", dir=keep)
-        try:
-            res = run_one(plan, a.seconds, spool, lock, example)
-            if lock is not None:
-                lock.ran(res["wall"])
-        except subprocess.TimeoutExpired:
-            res = {"plan": plan, "rc": 124, "wall": 0.0, "stderr": "timeout", "stdout": ""}
+        res = run_one(plan, a.seconds, spool, lock, example)
+        if lock is not None:
+            lock.ran(res["wall"])
         s = score(res)
         scores.append(s)
         emit(run_line(i, res, s))

@@ -50,6 +50,10 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^network\.(tcp|tcpext)\.(RetransSegs|TCPLostRetransmit|TCPTimeouts|TCPSynRetrans|"
      r"TCPFastRetrans|TCPSlowStartRetrans|TCPLossProbes)$", +1, 5.0),
     (r"^network\.(?!lo\.)[^.]+\.(rx|tx)_(errs|drop|fifo|frame|carrier)$", +1, 1.0),
+    # a qdisc (shaper, emulator) holding packets back: a standing queue, refusals, rate limits
+    (r"^network\.[^.]+\.qdisc_(drops|overlimits)$", +1, 10.0),
+    (r"^network\.[^.]+\.qdisc_backlog$", +1, 16384.0),
+    (r"^network\.[^.]+\.qdisc_qlen$", +1, 10.0),
     (r"^network\.[^.]+\.(rx|tx)_bytes$", -1, -0.5),      # halved (and >= 1 MiB/s, below)
     (r"^network\.[^.]+\.(rx|tx)_packets$", -1, -0.5),    # (and >= 500 packets/s)
     (r"^network\.ib\..*(err|discard|xmit_wait|symbol|link_down)", +1, 1.0),

@@ -57,7 +57,7 @@ def _whole_disks(names: list[str], field: str) -> list[str]:
     out when its disk is there, or its bytes would count twice."""
     devs = [n.split(".")[1] for n in names
             if n.startswith("storage.") and n.count(".") == 2 and n.endswith("." + field)]
-    devs = [d for d in devs if d not in ("run", "foreign", "all", "psi")]
+    devs = [d for d in devs if d not in ("run", "foreign", "all", "psi", "node")]
     out = []
     for d in devs:
         parent = any(o != d and d.startswith(o) and d[len(o):].lstrip("p").isdigit()
@@ -113,6 +113,7 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
             add(f"storage.all.{leaf}", sectors[leaf], "bytes/s")
     if "cpu.run.usage" not in idx:
         return cols, out_n, out_u
+    node_scoped = "storage.node.write_bytes" in idx
     busy = [f"cpu.all.{k}" for k in _BUSY if f"cpu.all.{k}" in idx]
     if len(busy) >= 3:
         node = np.sum([col(b) for b in busy], axis=0) / _CLK_TCK
@@ -128,6 +129,17 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
     # available too): anonymous memory, else resident memory, else the cgroup's charge
     run_mem = next((n for n in ("memory.run.anon", "memory.run.rss", "memory.run.usage")
                     if n in idx), None)
+    if node_scoped:
+        # one node of a shared kernel: its own processes' I/O and memory, not the machine's
+        # (telemetry/nodeprocs.py); the page cache is the machine's, so no cache growth
+        for leaf in ("read_bytes", "write_bytes"):
+            if f"storage.run.{leaf}" in idx:
+                add(f"storage.foreign.{leaf}", col(f"storage.node.{leaf}")
+                    - col(f"storage.run.{leaf}"), "bytes/s")
+        if "memory.run.rss" in idx and "memory.node.rss" in idx:
+            add("memory.foreign.used", _hold(col("memory.node.rss"))
+                - _hold(col("memory.run.rss")), "bytes")
+        return cols, out_n, out_u
     if run_mem and "memory.MemTotal" in idx and "memory.MemAvailable" in idx:
         used = (col("memory.MemTotal") - col("memory.MemAvailable")) * 1024.0
         # meminfo is read once a second (NaN between reads): hold the last reading
@@ -215,7 +227,7 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
     V = np.stack([means[:, idx[n]].astype(np.float64) for n in present], axis=1)
     for j, n in enumerate(present):
         if n == "storage.foreign.write_bytes" and "storage.run.write_bytes" in idx \
-                and "storage.all.write_bytes" in idx:
+                and "storage.all.write_bytes" in idx and "storage.node.write_bytes" not in idx:
             V[:, j] = means[:, idx["storage.all.write_bytes"]] - _recent_max(
                 means[:, idx["storage.run.write_bytes"]], start, WRITEBACK_S)
         if n == "memory.foreign.used" and "memory.MemAvailable" in idx:

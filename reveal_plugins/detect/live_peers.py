@@ -31,6 +31,9 @@ from .peers import NodeSeries, compare
 log = logging.getLogger(__name__)
 
 FILE = "live-peers.npz"
+#: The peer comparison's settings live: a cause on the node itself (foreign load, a shaper's
+#: queue) is named after 2 windows; symptoms alone, bursty by nature, after 5 as at job end.
+LIVE_COMPARE = {"cooldown_s": 0.0, "warmup_s": 15.0, "min_windows": 2, "symptom_windows": 5}
 LIVE_PEER_DEFAULTS: dict[str, Any] = {
     "max_peers": 16,      # peers compared with (the nearest in host order)
     "stale_s": 10.0,      # a peer's file older than this is left out
@@ -137,7 +140,7 @@ class PeerLive:
             nodes.append(self._series(p))
         if len(nodes) < 2 or len({s.node for s in nodes}) < len(nodes):
             return []
-        res = compare(nodes, {"cooldown_s": 0.0, "warmup_s": 15.0, "min_windows": 2})
+        res = compare(nodes, LIVE_COMPARE)
         newest = min(float(s.t[-1]) for s in nodes)
         out = []
         for sp in res.suspects:

@@ -54,7 +54,8 @@ DEFAULTS: dict[str, Any] = {
     "min_z": 3.0,            # smallest z a channel needs to count at all
     "own_fraction": 0.5,     # the node's own change must explain this share of the residual
     "min_fraction": 1.0,     # x the symptoms' practical minimum (attribution.SYMPTOMS)
-    "min_windows": 3, "gap_s": 3.0,
+    "min_windows": 5, "gap_s": 3.0,   # 5 windows of 3 s, stride 1: >= 3 s of deviation
+    "symptom_windows": 5,    # the same, when no cause on the node itself is in evidence
     "warmup_s": 10.0, "cooldown_s": 3.0,
     "max_share": 0.34,       # more nodes than this flagged at once: not one node's problem
 }
@@ -62,6 +63,10 @@ DEFAULTS: dict[str, Any] = {
 #: The job's own CPU share: lower on a node held back, but the consequence, never the cause.
 _JOB_SHARE = re.compile(r"^cpu\.run\.")
 _FOREIGN = re.compile(r"^(cpu|memory|storage)\.foreign\.")
+#: Evidence of a cause on the node itself: what it ran that the job did not (foreign load),
+#: a queueing discipline holding its packets back.  Its peers' symptoms at the same moment
+#: (retransmissions towards a node that stopped answering, time spent waiting) follow from it.
+_CAUSE = re.compile(r"^((cpu|memory|storage)\.foreign\.|network\.[^.]+\.qdisc_)")
 
 
 @dataclass
@@ -104,6 +109,7 @@ def settings(config: dict | None) -> dict:
             raise ValueError(f"peers: {k} = {v!r}: expected a number >= 0")
         cfg[k] = float(v)
     cfg["min_windows"] = int(cfg["min_windows"])
+    cfg["symptom_windows"] = int(cfg["symptom_windows"])
     return cfg
 
 
@@ -206,15 +212,24 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
     counted = own_ok & (np.abs(Z) >= cfg["min_z"])
     hits = counted & is_s & (Z * dirn >= cfg["threshold"]) & big
     flag = hits.any(axis=2) & ok[None, :]
+    cause = np.array([bool(_CAUSE.match(n)) for n in names])
+    caused = (hits & cause[None, None, :]).any(axis=2) & flag
+    # where some node shows a cause, peers flagged by symptoms alone are its consequences
+    flag &= caused | ~caused.any(axis=0)[None, :]
     share = flag.sum(axis=0) / len(nodes)
     crowd = share > max(cfg["max_share"], 1.0 / len(nodes) + 1e-9)
     res.analysis["crowded_windows"] = int((crowd & flag.any(axis=0)).sum())
     flag &= ~crowd[None, :]
     job_share = np.array([bool(_JOB_SHARE.match(n)) for n in names])
+    need = min(cfg["min_windows"], cfg["symptom_windows"])
     for i, s in enumerate(nodes):
-        for a, b in group(flag[i], mid, cfg["stride_s"], cfg["gap_s"], cfg["min_windows"]):
+        for a, b in group(flag[i], mid, cfg["stride_s"], cfg["gap_s"], need):
             rows = np.arange(a, b + 1)
             rows = rows[flag[i, rows]]
+            # a cause on the node itself needs min_windows; symptoms alone (bursty: TCP
+            # retransmissions come and go on healthy links) need symptom_windows
+            if caused[i, rows].sum() < cfg["min_windows"] and len(rows) < cfg["symptom_windows"]:
+                continue
             res.suspects.append(_suspect(s, i, rows, mid, cfg, Z, V, P, own_level, counted, hits,
                                          names, units, job_share, nodes))
     res.suspects.sort(key=lambda x: -x["score"])
@@ -245,10 +260,24 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
     # Symptoms and foreign load have no "usual offset": nodes of one job on the same kind of
     # hardware should not differ in pressure, loss or foreign processes at all, and a node
     # that is worse from start to end is a finding, not its normal (best-rank reference).
-    harm = _harm_mask(names)[0][None, :]
+    is_s, _, mins, _ = _harm_mask(names)
+    harm = is_s[None, :]
+    # a symptom's practical minimum is what counts as a change: the unit's floor must not
+    # ask for more (4 x 0.1 cores would be 0.4 cores of foreign load, above its 0.25)
+    absmin = is_s & (mins > 0)
+    floor = np.where(absmin, np.minimum(floor, mins * cfg["min_fraction"] / max(
+        cfg["threshold"], 1e-9)), floor)
     offset, spread = _offset_spread(R, ok[None, :, None], zero=harm)
     lag = max(1, int(round(cfg["window_s"] / cfg["stride_s"])))
-    scale = np.maximum(np.maximum(spread, _jitter(R, ok, lag)), floor[None, :])
+    okm = np.broadcast_to(ok[None, :, None], R.shape)
+    scale = np.maximum(np.maximum(spread, _jitter(R, okm, lag)), floor[None, :])
+    # The noise again, from the windows that stood out by less than min_z: a fault's edges
+    # are differences too, and in a young run (live: 10-20 s of history) they are a good
+    # part of all differences.  A channel that always bursts keeps its noise: its bursts are
+    # within min_z of that noise in the first pass and stay in.
+    quiet = okm & (np.abs(R - offset[:, None, :]) < cfg["min_z"] * scale[:, None, :])
+    scale = np.maximum(np.maximum(spread, _jitter(R, quiet, lag, fallback=scale)),
+                       floor[None, :])
     agree = ok[None, :, None] & (np.abs(R - offset[:, None, :]) <= cfg["min_z"]
                                  * scale[:, None, :])
     enough = agree.sum(axis=1) >= 5
@@ -273,20 +302,24 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
             own_level)
 
 
-def _jitter(R: np.ndarray, ok: np.ndarray, lag: int) -> np.ndarray:
+def _jitter(R: np.ndarray, ok: np.ndarray, lag: int, fallback: np.ndarray | None = None
+            ) -> np.ndarray:
     """Noise of each residual from the differences between windows ``lag`` apart (windows
     that share no sample): sigma = 1.4826 MAD(diff) / sqrt(2).  A level shift (a fault,
     however long) moves only the few differences across its edges, while a channel that
     bursts on and off (TCP retransmissions of a busy link) shows its noise in most of them:
     bursts the node always has are no finding."""
     if R.shape[1] <= lag + 4:
-        return np.zeros(R.shape[::2])
-    both = ok[lag:] & ok[:-lag]
-    D = np.where(both[None, :, None], R[:, lag:, :] - R[:, :-lag, :], np.nan)
+        return np.zeros(R.shape[::2]) if fallback is None else fallback
+    both = ok[:, lag:] & ok[:, :-lag]              # ok: (n, m, c)
+    D = np.where(both, R[:, lag:, :] - R[:, :-lag, :], np.nan)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         mad = np.nanmedian(np.abs(D - np.nanmedian(D, axis=1, keepdims=True)), axis=1)
-    return np.nan_to_num(1.4826 * mad / np.sqrt(2.0))
+    out = np.nan_to_num(1.4826 * mad / np.sqrt(2.0))
+    if fallback is not None:      # too few differences left: the first estimate stands
+        out = np.where(both.sum(axis=1) >= 5, out, fallback)
+    return out
 
 
 def _offset_spread(R: np.ndarray, rows: np.ndarray, zero: np.ndarray | None = None

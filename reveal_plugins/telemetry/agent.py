@@ -180,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cpus", default=os.environ.get("REVEAL_CPUS") or None,
                     help="the node's CPU set, e.g. 0-3,8 (default $REVEAL_CPUS, else all "
                     "online cores): per-core probes read only these, cpu.all.* is their sum")
+    ap.add_argument("--host-proc", default=os.environ.get("REVEAL_HOST_PROC") or None,
+                    help="the machine's /proc, mounted here, when this agent runs in a PID "
+                    "namespace of the node's (default $REVEAL_HOST_PROC): the node's processes "
+                    "started from outside it count as the node's (telemetry/nodeprocs.py)")
     ap.add_argument("--socket-group", default=None,
                     help="root agent: only this group (and root) may connect (socket 0660)")
     args = ap.parse_args(argv)
@@ -206,6 +210,11 @@ def main(argv: list[str] | None = None) -> int:
             config["cpus"] = resolve(args.cpus, "--cpus")
         except ValueError as e:
             ap.error(str(e))
+    if args.host_proc:
+        hp = os.path.abspath(args.host_proc)
+        if not (os.path.isfile(os.path.join(hp, "stat")) and os.path.isdir(os.path.join(hp, "1"))):
+            ap.error(f"--host-proc {args.host_proc!r}: not a proc file system (no stat, no 1/)")
+        config["host_proc"] = hp
     if not (0.001 <= args.interval <= 60):
         ap.error(f"--interval {args.interval}: must be between 0.001 and 60 seconds")
     if not (1 <= args.segment <= 10):

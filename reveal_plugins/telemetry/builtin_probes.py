@@ -33,6 +33,9 @@ def reveal_register_probes(config: dict[str, Any]) -> list:
     cpus = cpuset.from_config(config)   # the node's CPU set: per-core files count only it
     probes = [cls(cpus=cpus) if cls is CpuStatProbe else cls() for cls in PROCFS_PROBES]
     probes += psi_probes()
+    probes += _optional("qdisc", "qdisc_probes")    # shapers holding packets back
+    probes += _optional("nodeprocs", "node_procs_probes", cpus,   # a node sharing a kernel
+                        config.get("host_proc"))
     # hardware probes (issue 2, probes part 2): each one reports why it is unavailable here
     probes += _optional("perf", "perf_host_probes", cpus=cpus)
     probes += _optional("cpufreq", "CpufreqProbe", cpus=cpus)

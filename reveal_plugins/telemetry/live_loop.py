@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import logging
+import time
 
 import numpy as np
 
@@ -29,8 +30,11 @@ class LiveLoop:
             log.warning("live mode unavailable: %s: %s", type(e).__name__, e)
             return None
 
-    def _live_loop(self, every_s: float = 2.0) -> None:
-        while not self._stop.wait(every_s):
+    def _live_loop(self, every_s: float = 2.0, settle_s: float = 0.4) -> None:
+        # On the wall-clock grid (every node's agent wakes at the same moments): each node
+        # publishes its blocks for the peers at k * every_s and compares settle_s later, so
+        # what it reads of its peers is fresh, not up to one period old.
+        while not self._stop.wait(every_s - time.time() % every_s):
             with self._lock:
                 work = []
                 for st in self._runs.values():
@@ -50,13 +54,15 @@ class LiveLoop:
                     with self._lock:
                         self._event(st, "live_finding", anomaly=a)
                     call_safely("reveal_live_finding", run=st.run, anomaly=a)
-                self._peer_step(st)
+            published = [st for st, _, _ in work if self._peer_publish(st)]
+            if published and not self._stop.wait(settle_s):
+                for st in published:
+                    self._peer_check(st)
 
-    def _peer_step(self, st) -> None:
+    def _peer_publish(self, st) -> bool:
         """A run of a multi-node job whose run directories sit side by side (shared spool):
-        publish this node's live horizon and compare it with the peers'
-        (:mod:`reveal_plugins.detect.live_peers`); each new suspect becomes a
-        ``peer_suspect`` event and a ``reveal_live_finding`` hook call."""
+        publish this node's live horizon for its peers (:mod:`reveal_plugins.detect.
+        live_peers`); True when it then has peers to compare with."""
         peer = getattr(st, "peer_live", False)
         if peer is False:    # first call for this run: is it part of a job with peers?
             try:
@@ -67,12 +73,26 @@ class LiveLoop:
                 peer = None
             st.peer_live = peer
         if peer is None or st.live is None:
-            return
+            return False
         try:
             h = st.live.horizon()
             if h is None:
-                return
+                return False
             peer.publish(*h)
+            return True
+        except Exception as e:   # never break the agent; give up on peers for this run
+            log.warning("live peer publishing of %s failed: %s: %s", st.run.run_id,
+                        type(e).__name__, e)
+            st.peer_live = None
+            return False
+
+    def _peer_check(self, st) -> None:
+        """Compare with the peers' fresh blocks; each new suspect becomes a ``peer_suspect``
+        event and a ``reveal_live_finding`` hook call."""
+        peer = getattr(st, "peer_live", None)
+        if not peer:
+            return
+        try:
             suspects = peer.check()
         except Exception as e:   # never break the agent; give up on peers for this run
             log.warning("live peer comparison of %s failed: %s: %s", st.run.run_id,
