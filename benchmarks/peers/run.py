@@ -10,8 +10,8 @@ others a fault on a random node, a random time after ``ready`` and for a random 
 
 * ``cpu``      a CPU hog pinned to the node's CPU set (stress-ng --cpu, a Python spin loop,
                dd /dev/zero -> /dev/null)
-* ``network``  a shaper on the node's interface (tc tbf 20 or 50 Mbit/s, netem 5 % loss,
-               netem 20 ms delay)
+* ``network``  a shaper on the node's interface (tc tbf 20 or 50 Mbit/s, an htb class at
+               30 Mbit/s; netem is not built into this VM's kernel)
 * ``memory``   memory pressure from the node's CPUs (stress-ng --vm, a Python loop touching
                1.5 GiB, a numpy copy loop over 2 GiB)
 * ``io``       disk writes from the node's CPUs (stress-ng --hdd, dd oflag=direct, dd
@@ -25,7 +25,8 @@ width of ``examples/train.py``).
 Scored per fault run: the job report's top peer suspect overlapping the fault (start - 3 s ..
 end + 10 s) must name the node (``node_acc``) and the subsystem (``subsystem_acc``, expected
 cpu / network / memory / storage); onset latency = suspect start - fault start.  Clean runs:
-any suspect is false (``false_suspects_clean`` = clean runs with one).  Live: the first live
+any suspect is false (``false_suspects_clean`` = clean runs with one; ``live_false_clean`` =
+clean runs with a live ``peer_suspect`` event).  Live: the first live
 event naming a suspect node (any node's events.jsonl, an event whose name holds "suspect"),
 minus the fault start.  The reference, from the same recordings: each node's own report
 (today's per-node analysis), naming the node whose anomaly overlapping the fault scores
@@ -34,7 +35,9 @@ of any node after the fault start.
 
 The runs hold /tmp/reveal-quiet.lock exclusively (``--lock``), a few consecutive runs per
 hold (at most 9 minutes a hold), so the machine's other work pauses between holds, never
-during a run.  Results are appended to
+during a run.  Keep the machine otherwise idle: any process landing on a node's CPU is a real
+foreign load there, and one free to run anywhere loads both nodes and hides a hog.  Results
+are appended to
 ``benchmarks/peers/results/<date>.txt``.
 """
 from __future__ import annotations

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 FILE = "live-peers.npz"
 #: The peer comparison's settings live: a cause on the node itself (foreign load, a shaper's
-#: queue) is named after 2 windows; symptoms alone, bursty by nature, after 5 as at job end.
-LIVE_COMPARE = {"cooldown_s": 0.0, "warmup_s": 15.0, "min_windows": 2, "symptom_windows": 5}
+#: queue) is named after 2 windows; symptoms alone, bursty by nature, after 5 as at job end; the
+#: start-up left out as at job end (10 s).
+LIVE_COMPARE = {"cooldown_s": 0.0, "warmup_s": 10.0, "min_windows": 2, "symptom_windows": 5}
 LIVE_PEER_DEFAULTS: dict[str, Any] = {
     "max_peers": 16,      # peers compared with (the nearest in host order)
     "stale_s": 10.0,      # a peer's file older than this is left out

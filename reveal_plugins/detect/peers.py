@@ -270,14 +270,15 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
     offset, spread = _offset_spread(R, ok[None, :, None], zero=harm)
     lag = max(1, int(round(cfg["window_s"] / cfg["stride_s"])))
     okm = np.broadcast_to(ok[None, :, None], R.shape)
-    scale = np.maximum(np.maximum(spread, _jitter(R, okm, lag)), floor[None, :])
+    cause = np.array([bool(_CAUSE.match(n)) for n in names])
+    scale = np.maximum(np.maximum(spread, _jitter(R, okm, lag, robust=cause)), floor[None, :])
     # The noise again, from the windows that stood out by less than min_z: a fault's edges
     # are differences too, and in a young run (live: 10-20 s of history) they are a good
     # part of all differences.  A channel that always bursts keeps its noise: its bursts are
     # within min_z of that noise in the first pass and stay in.
     quiet = okm & (np.abs(R - offset[:, None, :]) < cfg["min_z"] * scale[:, None, :])
-    scale = np.maximum(np.maximum(spread, _jitter(R, quiet, lag, fallback=scale)),
-                       floor[None, :])
+    scale = np.maximum(np.maximum(spread, _jitter(R, quiet, lag, fallback=scale,
+                                                  robust=cause)), floor[None, :])
     agree = ok[None, :, None] & (np.abs(R - offset[:, None, :]) <= cfg["min_z"]
                                  * scale[:, None, :])
     enough = agree.sum(axis=1) >= 5
@@ -298,12 +299,16 @@ def _scores(V: np.ndarray, ok: np.ndarray, names: list[str], units: list[str], c
         own_ok = (np.sign(own) == np.sign(resid)) & (
             np.abs(own) >= cfg["own_fraction"] * np.abs(resid)) & (
             np.abs(resid) >= cfg["own_fraction"] * np.abs(own))
-    return (Z, R, P, np.nan_to_num(own_ok, nan=0.0).astype(bool), P + offset[:, None, :],
+    # A cause on the node (foreign load, a qdisc queue) needs no history: its harmful
+    # direction already tells the node that has it from the peers that have not, and one
+    # there from the job's first window (a shaper left behind) is a finding, not its normal.
+    own_ok = np.nan_to_num(own_ok, nan=0.0).astype(bool) | cause[None, None, :]
+    return (Z, R, P, own_ok, P + offset[:, None, :],
             own_level)
 
 
-def _jitter(R: np.ndarray, ok: np.ndarray, lag: int, fallback: np.ndarray | None = None
-            ) -> np.ndarray:
+def _jitter(R: np.ndarray, ok: np.ndarray, lag: int, fallback: np.ndarray | None = None,
+            robust: np.ndarray | None = None) -> np.ndarray:
     """Noise of each residual from the differences between windows ``lag`` apart (windows
     that share no sample): sigma = 1.4826 MAD(diff) / sqrt(2).  A level shift (a fault,
     however long) moves only the few differences across its edges, while a channel that
@@ -317,6 +322,14 @@ def _jitter(R: np.ndarray, ok: np.ndarray, lag: int, fallback: np.ndarray | None
         warnings.simplefilter("ignore", RuntimeWarning)
         mad = np.nanmedian(np.abs(D - np.nanmedian(D, axis=1, keepdims=True)), axis=1)
     out = np.nan_to_num(1.4826 * mad / np.sqrt(2.0))
+    if robust is not None and robust.any():
+        # causes (foreign load, a qdisc queue) have no bursts of their own to learn, and a
+        # young run's few differences are half fault edges: the lowest decile (90 %
+        # breakdown), as for the spread; their practical minimum guards against noise
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            q = np.nanquantile(np.abs(D[:, :, robust]), 0.10, axis=1) / 0.1257
+        out[:, robust] = np.nan_to_num(q / np.sqrt(2.0))
     if fallback is not None:      # too few differences left: the first estimate stands
         out = np.where(both.sum(axis=1) >= 5, out, fallback)
     return out

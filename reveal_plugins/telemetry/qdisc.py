@@ -5,7 +5,8 @@ there on purpose or a site's setup left it behind, holds packets back *before* t
 wire: ``/proc/net/dev`` then only shows fewer bytes, which the job's own phases also do.  The
 qdisc says it directly: packets waiting (``qdisc_backlog``, ``qdisc_qlen``), packets refused
 (``qdisc_drops``) and packets delayed because the rate was exceeded (``qdisc_overlimits``).
-One dump per read, of the root qdisc of every interface in the agent's network namespace.
+One dump per read, of the root (egress) and ingress qdisc of every interface in the agent's
+network namespace; an ingress policer's drops count with the egress ones.
 
 The netlink messages are parsed here with :mod:`struct` (a dozen fields; no library needed):
 ``struct tcmsg`` then attributes; the counters come from ``TCA_STATS2``/``TCA_STATS_QUEUE``
@@ -26,7 +27,7 @@ NLM_F_REQUEST, NLM_F_DUMP = 0x1, 0x300
 NLMSG_ERROR, NLMSG_DONE = 2, 3
 TCA_KIND, TCA_STATS, TCA_STATS2 = 1, 3, 7
 TCA_STATS_QUEUE = 3
-TC_H_ROOT = 0xFFFFFFFF
+TC_H_ROOT, TC_H_INGRESS = 0xFFFFFFFF, 0xFFFFFFF1
 _NLMSG = struct.Struct("=IHHII")
 _TCMSG = struct.Struct("=BxxxiIII")
 _RTA = struct.Struct("=HH")
@@ -45,8 +46,10 @@ def _attrs(buf: bytes, off: int, end: int) -> Iterator[tuple[int, bytes]]:
 
 
 def parse_dump(chunks: list[bytes]) -> dict[int, dict]:
-    """ifindex -> {kind, backlog, qlen, drops, overlimits, requeues} of its root qdisc."""
+    """ifindex -> {kind, backlog, qlen, drops, overlimits, requeues} of its root qdisc, with
+    the drops and overlimits of its ingress qdisc (policing) added."""
     out: dict[int, dict] = {}
+    ingress: dict[int, dict] = {}
     for buf in chunks:
         off = 0
         while off + _NLMSG.size <= len(buf):
@@ -55,7 +58,7 @@ def parse_dump(chunks: list[bytes]) -> dict[int, dict]:
                 break
             if typ == RTM_NEWQDISC and ln >= _NLMSG.size + _TCMSG.size:
                 _fam, ifindex, _handle, parent, _info = _TCMSG.unpack_from(buf, off + 16)
-                if parent == TC_H_ROOT:
+                if parent in (TC_H_ROOT, TC_H_INGRESS):
                     q = {"kind": ""}
                     for t, v in _attrs(buf, off + 16 + _TCMSG.size, off + ln):
                         if t == TCA_KIND:
@@ -69,11 +72,20 @@ def parse_dump(chunks: list[bytes]) -> dict[int, dict]:
                             (_b, _p, q["drops"], q["overlimits"], _bps, _pps, q["qlen"],
                              q["backlog"]) = struct.unpack_from("=QIIIIIII", v)
                             q["requeues"] = 0
-                    out[ifindex] = q
+                    (out if parent == TC_H_ROOT else ingress)[ifindex] = q
             elif typ in (NLMSG_DONE, NLMSG_ERROR):
-                return out
+                return _merged(out, ingress)
             off += (ln + 3) & ~3
-    return out
+    return _merged(out, ingress)
+
+
+def _merged(root: dict[int, dict], ingress: dict[int, dict]) -> dict[int, dict]:
+    """Ingress / clsact qdiscs: packets policed on the way in count as drops too."""
+    for i, q in ingress.items():
+        r = root.setdefault(i, {"kind": ""})
+        for k in ("drops", "overlimits"):
+            r[k] = r.get(k, 0) + q.get(k, 0)
+    return root
 
 
 def dump(sock: socket.socket, seq: int) -> dict[int, dict]:
