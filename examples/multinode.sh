@@ -142,6 +142,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
+trap 'exit 129' HUP     # the terminal went away
+trap 'exit 141' PIPE    # whoever read our output stopped (| head): still tear everything down
 
 # The machine's /proc, for the agents in the nodes' PID namespaces: a process somebody pins to
 # a node's CPUs from outside (a noisy neighbour) is that node's (telemetry/nodeprocs.py).
