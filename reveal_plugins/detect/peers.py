@@ -373,7 +373,7 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
         # foreign CPU time on the node: what that process did may show only in signals the
         # node shares with its peers (one disk, one kernel's memory) -- its own foreign I/O or
         # memory growing at the same time, beyond the practical minimum, names it
-        sub = kind or sub
+        sub = "cpu"   # its own foreign I/O or memory, when it stood out, is in fsub above
     # (foreign CPU time alone says only that something ran there; what it did -- page
     # faults, I/O wait -- is in the other channels, which choose_subsystem weighs)
     with warnings.catch_warnings():
