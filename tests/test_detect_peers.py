@@ -98,6 +98,30 @@ def test_subsystem_of_the_suspect(kind, sub):
     assert suspects(res) == [("node02", sub)], res.suspects
 
 
+def _with_foreign_reads(nodes, node, spans, rate=9e6):
+    """Add ``storage.foreign.read_bytes``: a few kB/s everywhere, ``rate`` on ``node`` in
+    ``spans`` (seconds after T0)."""
+    rng = np.random.default_rng(7)
+    out = []
+    for i, s in enumerate(nodes):
+        col = np.abs(rng.normal(2e3, 1e3, len(s.t)))
+        if i == node:
+            for a, b in spans:
+                col[(s.t - T0 >= a) & (s.t - T0 < b)] += rate
+        out.append(NodeSeries(s.node, s.t, np.column_stack([s.X, col]).astype(np.float32),
+                              s.names + ["storage.foreign.read_bytes"], s.units + ["bytes/s"],
+                              rank=s.rank))
+    return out
+
+
+def test_a_cpu_hog_that_read_its_binary_first_is_cpu_one_reading_throughout_is_storage():
+    # stress-ng starting on a cold page cache: 9 MB/s from disk for 2 s, then 30 s of spinning
+    hog = _with_foreign_reads(frames(2, fault=(1, "cpu", 50, 80)), 1, [(50, 52)])
+    assert suspects(compare(hog)) == [("node01", "cpu")]
+    reader = _with_foreign_reads(frames(2, fault=(1, "cpu", 50, 80)), 1, [(50, 80)])
+    assert suspects(compare(reader)) == [("node01", "storage")]
+
+
 def test_two_nodes_the_one_that_moved():
     """With 2 nodes each is the other's only peer: the residuals are mirror images.  The
     healthy node's CPU share fell too (it waited); the hogged one is the one whose own signals

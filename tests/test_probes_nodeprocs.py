@@ -66,6 +66,32 @@ def test_a_process_pinned_to_the_node_counts_one_free_to_roam_does_not(tmp_path)
     assert roaming < 0.1 * mine, (roaming, mine)
 
 
+_SELF = r"""
+import os, sys
+from reveal_plugins.telemetry.nodeprocs import NodeProcsProbe
+node = NodeProcsProbe([int(sys.argv[1])])
+node.open()
+a = node.sample()[1]
+fd = os.open(sys.argv[2], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+for _ in range(64):
+    os.write(fd, b"x" * (1 << 20))
+    os.ftruncate(fd, 0); os.lseek(fd, 0, 0)
+print(node.sample()[1] - a)
+"""
+
+
+def test_the_agents_own_writes_are_not_the_nodes(tmp_path):
+    # the agent runs pinned to the node's CPUs too (taskset reveal record ...): its segment
+    # writes must not read as a neighbour's I/O on that node
+    cpus = _two_cpus()
+    r = subprocess.run(["taskset", "-c", str(cpus[-1]), sys.executable, "-c", _SELF,
+                        str(cpus[-1]), str(tmp_path / "own")], capture_output=True, text=True,
+                       timeout=60, env=dict(os.environ, PYTHONPATH=os.path.dirname(
+                           os.path.dirname(os.path.abspath(__file__)))))
+    assert r.returncode == 0, r.stderr
+    assert float(r.stdout) < 4 * 2**20, r.stdout
+
+
 def test_the_counters_stay_monotonic_when_node_processes_exit(tmp_path):
     cpus = _two_cpus()
     node = NodeProcsProbe([cpus[-1]])

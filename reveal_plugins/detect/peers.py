@@ -363,11 +363,10 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     hit_any = hits[i, rows].any(axis=0)
     vote = np.where(job_share, 0.0, zmean)
     sub, sub_scores = attr.choose_subsystem(vote, names, hit_any)
-    fsub = [attr.subsystem_of(names[j]) for j in np.nonzero(hit_any)[0]
-            if _FOREIGN.match(names[j]) and not names[j].startswith("cpu.")]
-    kind = _foreign_kind(names, V[i, rows], own[i], P[i, rows])
+    fsub = _persistent_foreign(hits[i, rows], names)
     if fsub:     # like the node's own analysis: a neighbour's memory or I/O is the cause
         # (page-cache growth is memory unless the node's foreign disk bytes rose with it)
+        kind = _foreign_kind(names, V[i, rows], own[i], P[i, rows])
         sub = "storage" if "storage" in fsub or kind == "storage" else "memory"
     elif any(_FOREIGN.match(names[j]) for j in np.nonzero(hit_any)[0]):
         # foreign CPU time on the node: what that process did may show only in signals the
@@ -417,6 +416,20 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
     if imp:
         sp["impact"] = imp
     return sp
+
+
+def _persistent_foreign(hits: np.ndarray, names: list[str]) -> list[str]:
+    """The subsystems (storage, memory) of the node's foreign I/O or memory channels that
+    stood out for at least half as many windows as its foreign CPU did.  A process that reads
+    its binary from disk for a second and then spins for twenty is a CPU neighbour (stress-ng
+    starting on a cold page cache read 9 MB/s for 1.5 s); one that does I/O all along, even on
+    little CPU, is an I/O neighbour."""
+    per = hits.sum(axis=0)
+    cpu = max((int(per[j]) for j, n in enumerate(names)
+               if n.startswith("cpu.foreign.")), default=0)
+    return [attr.subsystem_of(n) for j, n in enumerate(names)
+            if per[j] and _FOREIGN.match(n) and not n.startswith("cpu.")
+            and 2 * int(per[j]) >= cpu]
 
 
 def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray,

@@ -70,6 +70,7 @@ class NodeProcsProbe(Probe):
         self._prev_scan = 0.0            # wall clock of the previous read
         self._btime = 0.0
         self._lists: dict[str, list[int]] = {}
+        self._self = -1                  # the agent's own PID as ``proc`` numbers it
 
     def open(self) -> None:
         try:
@@ -82,6 +83,12 @@ class NodeProcsProbe(Probe):
         if self.cpus >= online:
             self._unavailable("the CPU set covers the whole machine")
             return
+        try:
+            # the agent's segment writes are the observer's, not a neighbour's; ``self`` in
+            # the machine's /proc names the agent by its PID in that namespace
+            self._self = int(os.readlink(f"{self.proc}/self"))
+        except (OSError, ValueError):
+            self._self = os.getpid()
         try:
             self._btime = _boot_time()
             self._scan(first=True)
@@ -117,7 +124,7 @@ class NodeProcsProbe(Probe):
             if not name.isdigit():
                 continue
             pid = int(name)
-            if n >= self.max_procs or not self._mine(pid):
+            if pid == self._self or n >= self.max_procs or not self._mine(pid):
                 continue
             try:
                 st = _read(f"{self.proc}/{pid}/stat")

@@ -50,3 +50,6 @@ class RunState:
     events_bytes: int = 0
     events_dropped: int = 0
     owner_fd: int | None = None           # pidfd of the process whose death closes the run
+    # rows start at the first tick that read every probe: a run registered while a tick was
+    # being sampled would otherwise begin with NaN in its slow channels
+    awaiting_full_read: bool = True

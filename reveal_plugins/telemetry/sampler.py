@@ -62,13 +62,14 @@ class Sampler:
     def probe_table(self) -> list[dict[str, Any]]:
         return [p.describe() for p in self.all_probes]
 
-    def _sample_host(self) -> tuple[np.ndarray, np.ndarray]:
-        """Read the probes due on this tick.  Returns ``(row, held)``: ``row`` has NaN for the
-        slow probes not read this tick (what is stored), ``held`` repeats their last values
-        (what live consumers see)."""
+    def _sample_host(self) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Read the probes due on this tick.  Returns ``(row, held, full)``: ``row`` has NaN
+        for the slow probes not read this tick (what is stored), ``held`` repeats their last
+        values (what live consumers see), ``full`` says every probe was read."""
         row = np.full(len(self.channels), np.nan)
         tick = self.ticks
         read_all, self._read_all = self._read_all, False
+        full = read_all or all(n == 1 or tick % n == 0 for n in self.every)
         for p, (a, b), n in zip(self.probes, self.slices, self.every):
             if n > 1 and tick % n and not read_all:
                 continue
@@ -80,10 +81,10 @@ class Sampler:
             except Exception as e:
                 self._probe_failed(p.name, e)
         if self._slow_mask is None:
-            return row, row
+            return row, row, True
         held = np.where(self._slow_mask & np.isnan(row), self._held, row)
         self._held = held
-        return row, held
+        return row, held, full
 
     def _probe_failed(self, name: str, e: Exception) -> None:
         if name in self._failed_probes:
@@ -104,10 +105,14 @@ class Sampler:
     def sample_once(self) -> None:
         c0 = time.thread_time()
         t, mono = time.time(), time.monotonic()  # wall clock labels, monotonic schedules
-        row, held = self._sample_host()
+        row, held, full = self._sample_host()
         self._latest = (t, held)
         with self._lock:
             for st in self._runs.values():
+                if st.awaiting_full_read:
+                    if not full:  # registered after this tick's reads began
+                        continue
+                    st.awaiting_full_read = False
                 extra = []
                 for p in st.probes:
                     try:
