@@ -122,6 +122,35 @@ def test_a_cpu_hog_that_read_its_binary_first_is_cpu_one_reading_throughout_is_s
     assert suspects(compare(reader)) == [("node01", "storage")]
 
 
+def _iterations(series, slow=None, dt=0.2):
+    """Every node's iteration markers, ``dt`` apart; ``slow = (start, end, factor)``."""
+    out = []
+    for s in series:
+        t, evs = s.t[0], []
+        while t < s.t[-1]:
+            d = dt * (slow[2] if slow and slow[0] <= t - T0 < slow[1] else 1.0)
+            d *= 1 + 0.02 * np.sin(t)
+            t += d
+            evs.append({"event": "iteration", "t": float(t), "dt": float(d), "n": 1})
+        out.append(NodeSeries(s.node, s.t, s.X, s.names, s.units, events=evs, rank=s.rank))
+    return out
+
+
+def test_symptoms_alone_while_the_iterations_kept_their_pace_are_no_suspect():
+    # a node's retransmissions rose and nothing on it caused them: with markers that say the
+    # job ran as fast as ever, no node is named (a healthy link's bursts); when it slowed, it is
+    series = frames(2, fault=(1, "net", 50, 80), seed=5)
+    res = compare(_iterations(series))
+    assert suspects(res) == [] and res.analysis["symptoms_without_slowdown"] == 1, res.suspects
+    assert any("did not slow" in n for n in res.notes)
+    res = compare(_iterations(series, slow=(50, 80, 1.4)))
+    assert suspects(res) == [("node01", "network")], res.suspects
+    assert res.suspects[0]["impact"]["iteration_time_pct"] > 30
+    # a cause on the node (foreign CPU) is named whatever the markers say
+    hog = frames(2, fault=(1, "cpu", 50, 80), seed=5)
+    assert suspects(compare(_iterations(hog))) == [("node01", "cpu")]
+
+
 def test_two_nodes_the_one_that_moved():
     """With 2 nodes each is the other's only peer: the residuals are mirror images.  The
     healthy node's CPU share fell too (it waited); the hogged one is the one whose own signals
@@ -191,7 +220,8 @@ def _replay(lives, series, t_from, t_to, step=2.0):
     for now in np.arange(t_from, t_to, step):
         for lv, s in zip(lives, series):
             sel = (s.t <= T0 + now) & (s.t > T0 + now - 120)
-            lv.publish(s.t[sel], s.X[sel], s.names, s.units)
+            its = [(e["t"], e["dt"], e["n"]) for e in s.events if e["t"] <= T0 + now]
+            lv.publish(s.t[sel], s.X[sel], s.names, s.units, iterations=its)
         for lv in lives:
             found += [(now, sp) for sp in lv.check(now=T0 + now)]
     return found
@@ -209,6 +239,17 @@ def test_live_names_the_suspect_within_10_s_of_onset(tmp_path):
     assert {s["node"] for _, s in found} == {"node01"}
     # each checking node names it once for the episode, not every 2 s
     assert len(found) <= len(lives), [(t, s["node"]) for t, s in found]
+
+
+def test_live_symptoms_alone_need_the_job_to_have_slowed(tmp_path):
+    # the markers travel with the published blocks: a node's retransmissions while the job
+    # kept its pace are not named live either; the same while it slowed are
+    series = frames(2, seconds=100, fault=(1, "net", 60, 90), seed=24)
+    assert _replay(_live_nodes(tmp_path / "a", 2), _iterations(series), 20, 95) == []
+    found = _replay(_live_nodes(tmp_path / "b", 2), _iterations(series, slow=(60, 90, 1.4)),
+                    20, 95)
+    assert found and {s["node"] for _, s in found} == {"node01"}, found
+    assert found[0][0] - 60 <= 10
 
 
 def test_live_clean_job_names_no_one(tmp_path):
@@ -255,3 +296,20 @@ def test_otel_peer_finding_on_the_job_span_and_live_span_in_the_jobs_trace():
                             {"run_id": "x", "source": "slurm", "job_id": "77", "host": "n1"})
     assert live[0].context.trace_id == root.context.trace_id        # the job's trace
     assert live[0].events[0].name == "peer_suspect"
+
+
+def test_iteration_tail_reads_on_from_where_it_stopped(tmp_path):
+    from reveal_plugins.detect.live_peers import IterationTail
+    p = tmp_path / "events.jsonl"
+    p.write_text('{"event": "run_start", "t": 1}\n{"event": "iteration", "t": 2, "dt": 0.1, "n": 3}\n'
+                 '{"event": "iteration", "t": 3, "dt"')          # a line still being written
+    tail = IterationTail(str(p))
+    assert tail.poll() == [(2.0, 0.1, 3.0)]
+    with open(p, "a") as f:
+        f.write(': 0.2}\nnot json "iteration"\n{"event": "iteration", "t": 4, "dt": -1}\n')
+    assert tail.poll() == [(2.0, 0.1, 3.0), (3.0, 0.2, 1.0)]   # garbage and dt <= 0 left out
+    p.write_text('{"event": "iteration", "t": 9, "dt": 0.5}\n')   # replaced by a shorter file
+    assert tail.poll()[-1] == (9.0, 0.5, 1.0)
+    link = tmp_path / "link.jsonl"
+    link.symlink_to(p)
+    assert IterationTail(str(link)).poll() == []                 # never through a symlink

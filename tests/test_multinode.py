@@ -92,6 +92,11 @@ def _check_run(run, job, before_qdiscs):
         cores = {c["name"].split(".")[1] for c in meta["channels"]
                  if c["name"].startswith("cpu.core")}
         assert cores == {f"core{c}" for c in meta["cpus"]}
+        # live: the agent published its blocks for its peers with the job's iteration markers
+        # (reveal-torchrun's, through the agent): what says whether a symptom cost the job
+        import numpy as np
+        with np.load(os.path.join(jobdir, n.host, "live-peers.npz")) as z:
+            assert z["it"].shape[1] == 3 and len(z["it"]) > 10, z["it"].shape
     # nothing left behind: namespaces, processes, qdiscs of the host
     assert leftovers(run.prefix, run.spool) == []
     assert subprocess.run(["tc", "qdisc", "show"], capture_output=True,

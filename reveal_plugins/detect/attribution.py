@@ -274,6 +274,16 @@ def iteration_impact(events: list[dict], start: float, end: float,
                     f"({obs:.3g} s vs {base:.3g} s typical)"}
 
 
+def slowed(impact: dict | None, min_pct: float) -> bool:
+    """The iterations slowed: by ``min_pct`` and 3 x the run's own iteration-time noise, in
+    total *and* for the typical step (one long pause between steps -- an eval loop, a
+    checkpoint -- is the job's own).  False without markers (``impact`` None)."""
+    if not impact:
+        return False
+    bar = max(min_pct, 3.0 * impact.get("noise_pct", 0.0))
+    return bool(impact["iteration_time_pct"] >= bar and impact.get("typical_step_pct", bar) >= bar)
+
+
 def invariant_findings(t: np.ndarray, X: np.ndarray, names: list[str], units: list[str],
                        interval_s: float) -> list[dict]:
     """Conditions that are wrong however long they last, so self-referential detection cannot

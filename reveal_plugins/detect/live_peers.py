@@ -18,9 +18,12 @@ agent records each suspect as a ``peer_suspect`` event and hands it to the
 from __future__ import annotations
 
 import io
+import json
 import logging
 import os
+import stat
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -67,6 +70,49 @@ def _job_key(meta: dict) -> str | None:
     return str(run.get("job_id") or run.get("run_id") or "") or None
 
 
+class IterationTail:
+    """The job's iteration markers as they are appended to the run's ``events.jsonl`` (by the
+    agent, or by reveal-torchrun directly when the run directory is its own): read on from
+    where the last read ended, at most 1 MiB a time, never through a symlink."""
+
+    def __init__(self, path: str, keep: int = 4096):
+        self.path, self.off, self.rest = path, 0, b""
+        self.items: deque[tuple[float, float, float]] = deque(maxlen=keep)
+
+    def poll(self) -> list[tuple[float, float, float]]:
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+        except OSError:
+            return list(self.items)
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                return list(self.items)
+            if st.st_size < self.off:          # replaced: start again
+                self.off, self.rest = 0, b""
+            data = os.pread(fd, 1 << 20, self.off)
+        except OSError:
+            return list(self.items)
+        finally:
+            os.close(fd)
+        self.off += len(data)
+        lines = (self.rest + data).split(b"\n")
+        self.rest = lines.pop()
+        if len(self.rest) > 1 << 16:           # no line is that long: skip the garbage
+            self.rest = b""
+        for ln in lines:
+            if b'"iteration"' not in ln:
+                continue
+            try:
+                e = json.loads(ln)
+                t, dt, n = float(e["t"]), float(e["dt"]), float(e.get("n") or 1)
+            except (ValueError, KeyError, TypeError):
+                continue
+            if e.get("event") == "iteration" and dt > 0 and n > 0:
+                self.items.append((t, dt, n))
+        return list(self.items)
+
+
 class PeerLive:
     """Publishes one node's recent blocks and compares them with its peers' (see module)."""
 
@@ -78,14 +124,22 @@ class PeerLive:
         self.run_dir, self.node, self.key, self.start = run_dir, node, key, float(start)
         self._reported: dict[tuple[str, str], float] = {}
         self.checks = 0
+        self.iterations = IterationTail(os.path.join(run_dir, store.EVENTS))
 
     # -- publish -------------------------------------------------------------------------
-    def publish(self, t: np.ndarray, X: np.ndarray, names: list[str], units: list[str]) -> None:
+    def publish(self, t: np.ndarray, X: np.ndarray, names: list[str], units: list[str],
+                iterations: list[tuple[float, float, float]] | None = None) -> None:
+        """``iterations``: the job's recent markers on this node, ``(t, dt, n)`` (default:
+        what the run's events.jsonl holds): a symptom alone is named only when the job slowed
+        (:func:`~reveal_plugins.detect.peers.compare`)."""
         lo = float(t[-1]) - self.cfg["horizon_s"] if len(t) else 0.0
         sel = t >= lo
         bt, M = block_means(t[sel], X[sel])
+        if iterations is None:
+            iterations = self.iterations.poll()
+        its = np.asarray([x for x in iterations if x[0] >= lo], np.float64).reshape(-1, 3)
         buf = io.BytesIO()
-        np.savez(buf, t=bt, X=M, names=np.array(names, dtype=str),
+        np.savez(buf, t=bt, X=M, it=its, names=np.array(names, dtype=str),
                  units=np.array(units, dtype=str), node=np.array(self.node),
                  key=np.array(self.key), start=np.array(self.start))
         from ..telemetry.rundir import write_file
@@ -119,7 +173,10 @@ class PeerLive:
             with os.fdopen(fd, "rb") as f:
                 data = f.read(64 << 20)
             z = np.load(io.BytesIO(data), allow_pickle=False)
-            return {k: z[k] for k in ("t", "X", "names", "units", "node", "key", "start")}
+            out = {k: z[k] for k in ("t", "X", "names", "units", "node", "key", "start")}
+            it = z["it"] if "it" in z.files else np.zeros((0, 3))
+            out["it"] = it if it.ndim == 2 and it.shape[1] == 3 else np.zeros((0, 3))
+            return out
         except Exception as e:   # torn, foreign or hostile file: leave that peer out
             log.debug("peer file %s unreadable: %s", run_dir, e)
             return None
@@ -160,9 +217,12 @@ class PeerLive:
 
     @staticmethod
     def _series(p: dict) -> NodeSeries:
+        its = [{"event": "iteration", "t": float(a), "dt": float(b), "n": float(c)}
+               for a, b, c in np.asarray(p.get("it", np.zeros((0, 3))), np.float64)]
         return NodeSeries(str(p["node"]), np.asarray(p["t"], np.float64),
                           np.asarray(p["X"], np.float64), [str(x) for x in p["names"]],
-                          [str(x) for x in p["units"]], starts=[float(p["start"])], ends=[])
+                          [str(x) for x in p["units"]], events=its, starts=[float(p["start"])],
+                          ends=[])
 
 
 def for_run(run: Any, config: dict | None = None) -> PeerLive | None:

@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "symptom_windows": 5,    # the same, when no cause on the node itself is in evidence
     "warmup_s": 10.0, "cooldown_s": 3.0,
     "max_share": 0.34,       # more nodes than this flagged at once: not one node's problem
+    "min_slowdown_pct": 10,  # symptoms alone, with iteration markers: the job must have slowed
 }
 
 #: The job's own CPU share: lower on a node held back, but the consequence, never the cause.
@@ -222,6 +223,7 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
     flag &= ~crowd[None, :]
     job_share = np.array([bool(_JOB_SHARE.match(n)) for n in names])
     need = min(cfg["min_windows"], cfg["symptom_windows"])
+    unslowed = 0
     for i, s in enumerate(nodes):
         for a, b in group(flag[i], mid, cfg["stride_s"], cfg["gap_s"], need):
             rows = np.arange(a, b + 1)
@@ -230,8 +232,20 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
             # retransmissions come and go on healthy links) need symptom_windows
             if caused[i, rows].sum() < cfg["min_windows"] and len(rows) < cfg["symptom_windows"]:
                 continue
-            res.suspects.append(_suspect(s, i, rows, mid, cfg, Z, V, P, own_level, counted, hits,
-                                         names, units, job_share, nodes))
+            sp = _suspect(s, i, rows, mid, cfg, Z, V, P, own_level, counted, hits, names,
+                          units, job_share, nodes)
+            # Symptoms alone (no cause on the node) while the job's iteration markers say it
+            # ran as fast as ever: retransmission bursts of a healthy link, a node that is a
+            # little different -- nothing the job paid for.  Without markers they stand.
+            if (caused[i, rows].sum() < cfg["min_windows"] and sp.get("impact")
+                    and not attr.slowed(sp["impact"], cfg["min_slowdown_pct"])):
+                unslowed += 1
+                continue
+            res.suspects.append(sp)
+    if unslowed:
+        res.analysis["symptoms_without_slowdown"] = unslowed
+        res.notes.append(f"{unslowed} span(s) where a node's symptoms alone stood out while "
+                         "the job's iterations did not slow: not named")
     res.suspects.sort(key=lambda x: -x["score"])
     for k, sp in enumerate(res.suspects, 1):
         sp["id"] = f"P{k}"

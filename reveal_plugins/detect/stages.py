@@ -256,9 +256,7 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     hits = attr.symptom_hits(dev, observed, c_ref, E.symptoms, cfg["min_deviation"])
     symp = [int(j) for j in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
     impact = attr.iteration_impact(events, s0, s1, E.spans)
-    bar = max(cfg["min_slowdown_pct"], 3.0 * impact.get("noise_pct", 0.0)) if impact else 0
-    slowed = bool(impact and impact["iteration_time_pct"] >= bar
-                  and impact.get("typical_step_pct", bar) >= bar)
+    slowed = attr.slowed(impact, cfg["min_slowdown_pct"])
     sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
     fsub = fl.subsystem(fsup)
     if fsub:
