@@ -22,6 +22,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 import traceback
 from dataclasses import dataclass
 from typing import Any
@@ -330,7 +331,15 @@ class _Session:
         pid = f.get("pid")
         if not isinstance(pid, int):
             return
-        env = _proc_env(pid, ("CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "WORLD_SIZE"))
+        keys = ("CUDA_VISIBLE_DEVICES", "LOCAL_WORLD_SIZE", "WORLD_SIZE")
+        env = _proc_env(pid, keys)
+        # torchelastic sets WORLD_SIZE for every worker: without it the worker has not
+        # exec'd yet (its environ is still the launcher's); wait for it a little
+        for _ in range(25):
+            if "WORLD_SIZE" in env:
+                break
+            time.sleep(0.02)
+            env = _proc_env(pid, keys)
         layout = {"rank": f.get("global_rank"), "local_rank": f.get("local_rank"),
                   "group_rank": f.get("group_rank"), "pid": pid, "host": f.get("hostname"),
                   "restart": f.get("restart", 0), "role": f.get("role")}
