@@ -230,15 +230,16 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
             rows = rows[flag[i, rows]]
             # a cause on the node itself needs min_windows; symptoms alone (bursty: TCP
             # retransmissions come and go on healthy links) need symptom_windows
-            if caused[i, rows].sum() < cfg["min_windows"] and len(rows) < cfg["symptom_windows"]:
+            symptoms_only = caused[i, rows].sum() < cfg["min_windows"]
+            if symptoms_only and len(rows) < cfg["symptom_windows"]:
                 continue
             sp = _suspect(s, i, rows, mid, cfg, Z, V, P, own_level, counted, hits, names,
                           units, job_share, nodes)
             # Symptoms alone (no cause on the node) while the job's iteration markers say it
             # ran as fast as ever: retransmission bursts of a healthy link, a node that is a
             # little different -- nothing the job paid for.  Without markers they stand.
-            if (caused[i, rows].sum() < cfg["min_windows"] and sp.get("impact")
-                    and not attr.slowed(sp["impact"], cfg["min_slowdown_pct"])):
+            if symptoms_only and sp.get("impact") and not attr.slowed(
+                    sp["impact"], cfg["min_slowdown_pct"]):
                 unslowed += 1
                 continue
             res.suspects.append(sp)
