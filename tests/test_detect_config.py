@@ -9,7 +9,8 @@ from reveal_plugins.detect.synth import SynthHost
 def test_defaults_and_detector_shorthand():
     c = detect_config({"iforest": {"n_estimators": 50}, "threshold": "5"})
     assert c.threshold == 5.0 and c.window_s == 3.0
-    assert c.as_dict()["iforest"] == {"n_estimators": 50}
+    assert c.as_dict()["detectors"] == {"iforest": {"n_estimators": 50}}
+    assert "iforest" not in c.as_dict()     # one shape: under "detectors" only
 
 
 @pytest.mark.parametrize("cfg, needle", [
@@ -32,3 +33,27 @@ def test_analyze_refuses_unknown_key_but_keeps_other_rooms(tmp_path):
         analyze(d, {"thresold": 3})
     rep = analyze(d, {"interval_s": 0.1, "source": "slurm", "threshold": 6})
     assert rep["analysis"]["threshold"] == 6.0
+
+
+@pytest.mark.parametrize("given", [
+    {"detectors": {"iforest": {"n_estimators": 7}, "robust_z": {"k": 2}}},  # docs/detection.md
+    {"iforest": {"n_estimators": 7}, "robust_z": {"k": 2}},                 # the shorthand
+])
+def test_detector_settings_reach_the_detectors(tmp_path, monkeypatch, given):
+    """Per-detector settings given through analyze()'s documented config reach the detectors
+    the pipeline fits (they used to validate, then be flattened away: issue 23)."""
+    from reveal_plugins.detect import analyze
+    from reveal_plugins.detect import detectors as dmod
+
+    fitted = {}
+    for cls in (dmod.IsolationForestDetector, dmod.RobustZDetector):
+        orig = cls.fit
+
+        def spy(self, X, _orig=orig):
+            fitted[self.name] = self
+            return _orig(self, X)
+        monkeypatch.setattr(cls, "fit", spy)
+    d = SynthHost(2, seed=3).write_run(str(tmp_path / "r"), 60)
+    analyze(d, given)
+    assert fitted["iforest"].n_estimators == 7
+    assert fitted["robust_z"].k == 2

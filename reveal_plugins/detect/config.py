@@ -64,10 +64,11 @@ class DetectConfig(BaseModel):
         return data
 
     def as_dict(self) -> dict[str, Any]:
-        """The plain dict the detector plugins receive (``reveal_detectors(config)``)."""
-        d = self.model_dump()
-        d.update(d.pop("detectors"))
-        return d
+        """The plain dict the stages and the detector plugins receive
+        (``reveal_detectors(config)``).  One shape: per-detector settings stay under
+        ``config["detectors"][name]``, where :func:`.detectors.builtin_detectors` and site
+        detectors read them (the shorthand ``{"iforest": {...}}`` is folded in on input)."""
+        return self.model_dump()
 
 
 #: Keys of a run-wide configuration that belong to other rooms (recording, agent, sinks).
