@@ -276,14 +276,56 @@ def test_retry_that_succeeds_after_the_caller_went_on_corrects_the_status(otel_c
 
 
 def test_detached_caller_waits_for_a_slow_backend(otel_clean_env, run_dir):
-    """config["detached"] (the Slurm Epilog's background analysis): nobody waits on it, so a
-    backend answering after 1.5 s still gets the trace at the first try."""
+    """config["sink_budget_s"] (the Slurm Epilog's background analysis grants it): nobody waits
+    on it, so a backend answering after 1.5 s still gets the trace at the first try."""
     slow = OtlpHttpReceiver(delay_s=1.5)
     try:
         otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", slow.endpoint)
         t = time.monotonic()
-        sink.reveal_report_ready(_report(run_dir), run_dir, {"detached": True})
+        sink.reveal_report_ready(_report(run_dir), run_dir, {"sink_budget_s": 600})
         assert 1.4 < time.monotonic() - t < 5
         assert read_status(run_dir)["ok"]
     finally:
         slow.close()
+
+
+@pytest.fixture
+def _keep_root_logging():
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    root.handlers[:], root.level = handlers, level
+
+
+@pytest.mark.parametrize("path", ["child", "stopped"])
+def test_detached_epilog_analysis_gives_the_otel_sink_the_full_timeout(
+        otel_clean_env, tmp_path, monkeypatch, _keep_root_logging, path):
+    """The Slurm Epilog's detached analysis (``_analyze --child``, and the supervisor's
+    'stopped' report) is waited on by nobody: the OTel sink gets its full ``timeout_s``, not
+    the 1 s job-end budget (issue 23: the sink looked for a flag no caller set)."""
+    from types import SimpleNamespace
+
+    from reveal_plugins.detect.synth import SynthHost
+    from reveal_plugins.otel import export
+    from reveal_plugins.slurm import hooks
+
+    run = SynthHost(2, seed=3).write_run(str(tmp_path / "r"), 30)
+    slurm_toml = tmp_path / "slurm.toml"
+    slurm_toml.write_text('analysis_cap = "off"\n')
+    os.chmod(str(slurm_toml), 0o644)
+    monkeypatch.setenv("REVEAL_SLURM_CONFIG", str(slurm_toml))
+    monkeypatch.setenv("REVEAL_SLURM_LOG", str(tmp_path / "hooks.log"))
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:9")
+    otel_clean_env.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "7")
+    budgets = []
+
+    def fake_export(report, meta, cfg, budget_s=None, **kw):
+        budgets.append(budget_s)
+        return SimpleNamespace(ok=False)
+    monkeypatch.setattr(export, "export_report", fake_export)
+    if path == "child":
+        assert hooks.analyze_child(run) == 0
+    else:   # the supervisor publishes a 'stopped' report when the cap or the timeout hit
+        monkeypatch.setattr(hooks, "_run_capped", lambda *a: "stopped by the test")
+        assert hooks.analyze_job(run) == 0
+    assert len(budgets) == 1 and 6.5 < budgets[0] <= 7.0, budgets

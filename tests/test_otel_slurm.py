@@ -90,7 +90,9 @@ def test_slurm_epilog_not_delayed_by_a_hung_backend_then_re_export_by_job_id(
                             f'[otel]\nendpoint = "{otlp_blackhole}"\nprotocol = "grpc"\n')
     assert job.state == "COMPLETED", job.info
     status = json.load(open(os.path.join(run_dir, "otel.json")))
-    assert not status["ok"] and status["seconds"] < 1.5, status
+    # nobody waits on the detached analysis: it grants the export the full timeout_s (10 s by
+    # default), not the 1 s job-end budget, and no more
+    assert not status["ok"] and status["seconds"] < 10 + 1.5, status
     # the export runs in the analysis the Epilog starts detached: the Epilog (interpreter start
     # included, on a busy machine) never waits for it
     epilog_s = slurm_cluster.hook_wall_times("epilog").get(job.job_id)

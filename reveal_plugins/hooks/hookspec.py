@@ -122,6 +122,9 @@ def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, 
 
     Sinks (OTel, Slurm job summaries, site databases) consume it here.  Must return quickly
     (the end of a job waits on this hook): a sink that talks to the network bounds its time.
+    The caller sets the time policy: ``config["sink_budget_s"]`` (seconds) is what it grants
+    each sink, set by callers nobody waits on (the Slurm Epilog's detached analysis); absent,
+    a sink keeps to its own job-end budget.
     """
 
 

@@ -2,8 +2,9 @@
 
 * ``reveal_report_ready``: sends the finished run as one trace when OTLP export is configured
   (see :mod:`.config`); the caller (Slurm epilog, ``reveal record``, ``reveal-torchrun``) waits at
-  most ``budget_s`` (default 1 s) whatever the backend does -- or up to ``timeout_s`` when the
-  hook's ``config`` says ``detached: true`` (nobody waits on that caller).
+  most ``budget_s`` (default 1 s) whatever the backend does.  A caller that grants more time
+  says so with ``config["sink_budget_s"]`` (the Slurm Epilog's detached analysis, which nobody
+  waits on); the export then takes up to that, at most ``timeout_s``.
 * ``reveal_agent_started`` / ``reveal_agent_stopping`` / ``reveal_live_finding``: optional live
   metrics from the node agent (``[otel] metrics = true`` or ``REVEAL_OTEL_METRICS=1``).
 
@@ -47,10 +48,10 @@ def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, 
         return None
     try:
         from .export import export_report, read_meta
-        # A caller that runs detached from the job's end (the Slurm Epilog's background
-        # analysis) says so with config["detached"]: nobody waits, so allow the full timeout.
-        limit = cfg.timeout_s if isinstance(config, dict) and config.get("detached") \
-            else cfg.budget_s
+        # The caller owns the time policy: config["sink_budget_s"] is what it grants each
+        # sink (reveal_report_ready's spec); without it, the job-end budget.
+        grant = config.get("sink_budget_s") if isinstance(config, dict) else None
+        limit = cfg.budget_s if grant is None else min(float(grant), cfg.timeout_s)
         budget = limit - (time.monotonic() - t0)
         outcome = export_report(report, read_meta(run_dir), cfg, budget_s=budget, run_dir=run_dir)
         if outcome.ok:

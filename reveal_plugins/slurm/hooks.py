@@ -441,6 +441,16 @@ def analysis_timeout(cfg: SlurmConfig, run_dir: str) -> tuple[float, float]:
     return max(cfg.analysis_timeout_s, min(t, cfg.analysis_timeout_max_s)), hours
 
 
+#: What the supervisor grants the sinks of its own 'stopped' report (its alarm leaves it 120 s).
+STOPPED_SINK_BUDGET_S = 60.0
+
+
+def detached_analysis_config(cfg: SlurmConfig, sink_budget_s: float) -> dict[str, Any]:
+    """The config the detached analysis hands the analyzer and the sinks: nobody waits on it,
+    so it grants each sink ``sink_budget_s`` instead of the job-end budget."""
+    return {**cfg.as_analysis_config(), "sink_budget_s": float(sink_budget_s)}
+
+
 def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | bool = False
                 ) -> int:
     """The detached analysis after the Epilog: closes an orphaned run, then runs the analyzer
@@ -482,7 +492,8 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
             log("analysis", "ERROR", f"{run_dir}: analysis stopped: {reason}; report status "
                                      "partial", job)
             from ..analysis import publish_stopped
-            publish_stopped(run_dir, reason, cfg.as_analysis_config())
+            publish_stopped(run_dir, reason,
+                            detached_analysis_config(cfg, STOPPED_SINK_BUDGET_S))
         else:
             log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s "
                                     f"(cap: {cap.describe()})", job)
@@ -548,7 +559,7 @@ def analyze_child(run_dir: str) -> int:
         from ..trust import require_trusted_module
         require_trusted_module(mod, "analyzer")  # root imports only root-owned code
         fn = getattr(importlib.import_module(mod), func)
-        fn(run_dir, cfg.as_analysis_config())
+        fn(run_dir, detached_analysis_config(cfg, analysis_timeout(cfg, run_dir)[0]))
         if _ran_out_of_memory(run_dir):
             return NO_MEMORY
     except MemoryError:
