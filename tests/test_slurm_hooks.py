@@ -280,3 +280,38 @@ def test_wrapper_exits_0_whatever_python_does(tmp_path, python):
     assert "reveal-slurm prolog: job=9 the hook exited" in r.stderr
     if python == "hanging":
         assert "exited 124" in r.stderr
+
+
+def test_epilog_sees_the_registration_the_prolog_queued(tmp_path, monkeypatch):
+    """A short job during an agent cold start: the Prolog queues its registration, the agent
+    answers 'not registered' at the Epilog; the Epilog must find the queued registration (it
+    looked for `"run_id": "..."` with a space, the Prolog's writer writes compact JSON:
+    issue 23) and queue the unregister behind it, or the run stays open forever."""
+    import time as _time
+
+    from reveal_plugins.slurm import hooks
+    from reveal_plugins.slurm.config import SlurmConfig
+    spool = str(tmp_path / "spool")
+    os.makedirs(spool)
+    monkeypatch.setenv("REVEAL_SLURM_LOG", str(tmp_path / "hooks.log"))
+    monkeypatch.setattr(hooks, "start_agent_detached", lambda *a: None)   # no agent at all
+    env = {"SLURM_JOB_ID": "4711", "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
+           "SLURMD_NODENAME": "n1"}
+    cfg = SlurmConfig(spool=spool, analysis="off")
+    hooks.prolog(cfg, env, _time.monotonic() + 5)            # queues through its own writer
+    assert len(os.listdir(os.path.join(spool, "pending"))) == 1
+    assert hooks._registration_pending(spool, "slurm-4711")
+    assert not hooks._registration_pending(spool, "slurm-471")     # the whole id, no prefix
+    # the SPANK plugin's spelling (spaces after ':' and ',') is found by the same parser
+    spank = os.path.join(spool, "pending", "0.000001-spank.json")
+    with open(spank, "w") as f:
+        f.write('{"op": "register", "run": {"run_id": "slurm-4712", "source": "slurm"}}\n')
+    assert hooks._registration_pending(spool, "slurm-4712")
+    os.unlink(spank)
+    # the agent came up but has not read the queue yet: the unregister is queued behind it
+    monkeypatch.setattr(hooks, "agent_request",
+                        lambda *a: {"ok": False, "error": "run_id is not registered"})
+    hooks.epilog(cfg, env, _time.monotonic() + 5)
+    from reveal_plugins.telemetry import pending
+    ops = [r["op"] for _, r in pending.take(os.path.join(spool, "pending"), (0,))]
+    assert ops == ["register", "unregister"]

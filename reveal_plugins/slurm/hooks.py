@@ -23,6 +23,7 @@ import traceback
 from typing import Any, Callable
 
 from ..spool import JOB_ID_RE
+from ..telemetry import pending
 from ..telemetry.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
 from .config import ConfigError, SlurmConfig, load_config
 
@@ -122,26 +123,9 @@ queue_pending = queue_request
 
 
 def _registration_pending(spool: str, run_id: str) -> bool:
-    """True when a queued registration of ``run_id`` waits in ``<spool>/pending/``."""
-    pend = os.path.join(spool, "pending")
-    try:
-        names = [n for n in os.listdir(pend) if n.endswith(".json")]
-    except OSError:
-        return False
-    needle = f'"run_id": "{run_id}"'.encode()
-    for n in names:
-        try:
-            fd = os.open(os.path.join(pend, n), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-            try:
-                st = os.fstat(fd)
-                data = os.read(fd, 65536) if st.st_uid == 0 else b""
-            finally:
-                os.close(fd)
-        except OSError:
-            continue
-        if needle in data and b'"register"' in data:
-            return True
-    return False
+    """True when a queued registration of ``run_id`` waits in ``<spool>/pending/`` (root's:
+    the Prolog's or the SPANK plugin's), read by the queue's own parser."""
+    return pending.registration_queued(spool, run_id, (0,))
 
 
 def _agent_starting(spool: str) -> bool:

@@ -7,10 +7,9 @@ import socket
 import subprocess
 import sys
 import time
-import uuid
 from typing import Any
 
-from . import protocol
+from . import pending, protocol
 
 
 class AgentError(RuntimeError):
@@ -138,28 +137,8 @@ class AgentClient:
         self.request({"op": "shutdown"})
 
 
-def queue_request(spool: str, req: dict[str, Any]) -> str:
-    """Leave a request in ``<spool>/pending/`` for an agent that is not listening yet.
-
-    Only root (or a private agent's own user) queues, so the directory is 0700; the file is
-    created beside it and renamed in, never following a symlink."""
-    pend = os.path.join(spool, "pending")
-    try:
-        os.mkdir(pend, 0o700)
-    except FileExistsError:
-        pass
-    dfd = os.open(pend, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    try:
-        name = f"{time.time():.6f}-{uuid.uuid4().hex[:8]}.json"
-        tmp = "." + name + ".tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600,
-                     dir_fd=dfd)
-        with os.fdopen(fd, "wb") as f:
-            f.write(protocol.encode({"v": protocol.VERSION, **req}))
-        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-    finally:
-        os.close(dfd)
-    return os.path.join(pend, name)
+#: The queue's writer lives with its readers (:mod:`.pending`); the name callers know.
+queue_request = pending.write
 
 
 def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = False,
