@@ -18,7 +18,7 @@ import time
 from typing import Any, TextIO
 
 from . import spool as spool_mod
-from .telemetry import store
+from .telemetry import gpu_ids, store
 from .telemetry.client import AgentClient, AgentError, ensure_agent
 from .types import RunInfo
 
@@ -116,11 +116,18 @@ class Recording:
                       run_dir=out,
                       source=self.source, user=user, uid=os.getuid(), gid=os.getgid(),
                       command=self.command, pids=[os.getpid()],
-                      extra={**self.extra, **({"live": True} if self.live else {})})
+                      extra={**self.extra, **({"live": True} if self.live else {}),
+                             **self._gpu_spec()})
         # watch: if this process is killed (SIGKILL, OOM), the agent closes the run itself
         # and, idle, exits; nothing samples on for a recording nobody will finish.
         run.run_dir = self.client.register(run, watch=True)
         self.run = run
+
+    @staticmethod
+    def _gpu_spec() -> dict:
+        """The GPUs this command was given (the agent resolves them to NVML devices)."""
+        spec = gpu_ids.spec_from_env(dict(os.environ))
+        return {"gpu_spec": spec} if spec else {}
 
     def _fail(self, msg: str, running: bool = True) -> None:
         if self.error is None:

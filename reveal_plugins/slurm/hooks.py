@@ -23,7 +23,7 @@ import traceback
 from typing import Any, Callable
 
 from ..spool import JOB_ID_RE
-from ..telemetry import pending
+from ..telemetry import gpu_ids, pending
 from ..telemetry.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
 from .config import ConfigError, SlurmConfig, load_config
 
@@ -243,6 +243,9 @@ def run_info(env: dict[str, str], cfg: SlurmConfig) -> dict[str, Any]:
                                     ("cluster", "SLURM_CLUSTER_NAME")) if env.get(e)}
     if cfg.default_mode == "live":
         extra["live"] = True
+    spec = gpu_ids.spec_from_env(env)  # the agent resolves it to NVML devices
+    if spec:
+        extra["gpu_spec"] = spec
     return {"run_id": f"slurm-{job}", "source": "slurm", "host": host, "job_id": job,
             "run_dir": os.path.join(cfg.spool_dir(), "jobs", job, host),
             "user": user, "uid": uid, "gid": gid, "gpus": parse_gpus(env),

@@ -55,4 +55,6 @@ def reveal_register_run_probes(run: RunInfo, config: dict[str, Any]) -> list:
         # slurmstepd process trees itself, step after step
         probes += _optional("jobscope", "JobScopeProbe", run)
     probes += _optional("perf", "perf_run_probes", run.pids)  # [] when counted system-wide
+    if run.gpus != []:  # [] = the run was given no GPU (or none could be resolved)
+        probes += _optional("gpu_procs", "GpuForeignProbe", run)
     return probes

@@ -12,7 +12,7 @@ import numpy as np
 from .. import __version__
 from ..hooks import call_safely
 from ..types import ChannelMeta, RunInfo
-from . import protocol, store
+from . import gpu_ids, protocol, store
 from .probe import Probe
 from .runstate import RunState, _create_run_dir
 
@@ -79,6 +79,7 @@ class RunRegistry:
         run.host = run.host or self.host
         run_dir = _create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
         run.run_dir = run_dir
+        gpu_meta = self._resolve_gpus(run) if previous is None else {}
         idx = [i for i, c in enumerate(self.channels) if self._wanted(c, run)]
         rprobes: list[Probe] = []
         owner_fd = None
@@ -103,6 +104,7 @@ class RunRegistry:
                 "exit_code": None, "steps": [],
                 "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
             }
+            meta.update(gpu_meta)
             if self.config.get("cpus"):   # the node's CPU set (cpuset.py): what cpu.all.* sums
                 meta["cpus"] = list(self.config["cpus"])
             if previous is not None:  # adopted: the run started with the dead agent
@@ -144,6 +146,31 @@ class RunRegistry:
             self._read_all = True  # a new run starts with every channel read
         call_safely("reveal_run_start", run=run)
         return run_dir
+
+    def _resolve_gpus(self, run: RunInfo) -> dict[str, Any]:
+        """Turn the GPUs a run says it was given into NVML indices (``run.gpus``) and record
+        their identities; a run whose GPUs cannot be resolved gets no GPU channels, never
+        another job's.  Nothing to do on a node without NVML."""
+        if not any(c.name.startswith("gpu.") for c in self.channels):
+            return {}
+        spec = gpu_ids.spec_of(run.gpus, run.source, run.extra)
+        if spec is None:
+            return {}
+        try:
+            res = gpu_ids.resolve_with_nvml(spec)
+        except Exception as e:  # never fail a registration over it: record no GPU channels
+            log.warning("run %s: GPUs %r not resolved: %s", run.run_id, spec, e)
+            run.gpus = []
+            return {"gpu_source": spec["source"], "gpus": [], "gpu_note": f"not resolved: {e}"}
+        if res is None:
+            return {}
+        run.gpus = res.indices
+        out: dict[str, Any] = {"gpu_source": f"{spec['source']}={spec['value']}",
+                               "gpus": res.identities}
+        if res.note:
+            out["gpu_note"] = res.note
+            log.warning("run %s: %s", run.run_id, res.note)
+        return out
 
     @staticmethod
     def _wanted(c: ChannelMeta, run: RunInfo) -> bool:
