@@ -136,3 +136,27 @@ def test_reveal_record_gets_only_the_gpus_it_was_given(tmp_path):
     frame = store.load_run(str(out)).frame
     col = frame.column("gpu.5.util_sm")
     assert (col[~(col != col)] == 95).all() and len(col) > 10
+
+
+def test_foreign_processes_on_an_old_driver_without_v3_process_lists(tmp_path):
+    with install_fake_nvml(FakeDriver(gpus=2, old_driver=True)) as drv:
+        drv.gpus[0].add_process(os.getppid(), mem_bytes=2 << 30)
+        run = RunInfo(run_id="r", run_dir=str(tmp_path), pids=[os.getpid()], gpus=[0])
+        p = GpuForeignProbe(run)
+        p.open()
+        v = dict(zip([c.name for c in p.channels], p.sample()))
+        assert v["gpu.0.foreign_procs"] == 1 and v["gpu.0.foreign_mem"] == 2 << 30
+        p.close()
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_torchrun_gpu_mapper_finds_a_workers_gpu_through_the_real_binding(old):
+    from reveal_plugins.torch_ext.gpus import gpus_of_pids
+    with install_fake_nvml(FakeDriver(gpus=4, old_driver=old)) as drv:
+        drv.gpus[3].add_process(4242, mem_bytes=1 << 30)
+        pynvml.nvmlInit()
+        try:
+            hit = gpus_of_pids(pynvml, {4242, 999})
+        finally:
+            pynvml.nvmlShutdown()
+    assert hit == {4242: [{"gpu": 3, "gpu_uuid": drv.gpus[3].uuid}]}

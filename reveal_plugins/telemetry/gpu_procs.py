@@ -24,6 +24,17 @@ from .probe import NAN, Probe
 log = logging.getLogger(__name__)
 
 
+def running_processes(nv: Any, h: Any, kind: str = "Compute") -> list:
+    """``nvmlDeviceGet{Compute,Graphics}RunningProcesses``, also on drivers before r510: the
+    binding's plain call asks for the _v3 structs only and, without them, raises
+    ``NVMLLibraryMismatchError`` (not an NVMLError) or FunctionNotFound; _v2 then answers."""
+    try:
+        return getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses")(h)
+    except (nv.NVMLError_FunctionNotFound,
+            getattr(nv, "NVMLLibraryMismatchError", nv.NVMLError_FunctionNotFound)):
+        return getattr(nv, f"nvmlDeviceGet{kind}RunningProcesses_v2")(h)
+
+
 class GpuForeignProbe(Probe):
     name = "nvml.foreign"
     interval_s = 1.0
@@ -135,9 +146,8 @@ class GpuForeignProbe(Probe):
         for i, h in self._h:
             procs: dict[int, float] = {}
             try:
-                for fn in (nv.nvmlDeviceGetComputeRunningProcesses,
-                           nv.nvmlDeviceGetGraphicsRunningProcesses):
-                    for p in fn(h):
+                for kind in ("Compute", "Graphics"):
+                    for p in running_processes(nv, h, kind):
                         mem = p.usedGpuMemory
                         procs[int(p.pid)] = float(mem) if isinstance(mem, int) else NAN
             except nv.NVMLError:

@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from ..telemetry.gpu_procs import running_processes
+
 log = logging.getLogger(__name__)
 
 
@@ -33,7 +35,7 @@ def gpus_of_pids(nvml: Any, pids: set[int]) -> dict[int, list[dict[str, Any]]]:
     for i in range(nvml.nvmlDeviceGetCount()):
         try:
             h = nvml.nvmlDeviceGetHandleByIndex(i)
-            procs = nvml.nvmlDeviceGetComputeRunningProcesses(h)
+            procs = running_processes(nvml, h)
         except Exception as e:
             log.debug("NVML device %d: %s", i, e)
             continue
