@@ -18,7 +18,11 @@ Two parts:
   windows -- its median plus ``z`` robust spreads -- and is never below a practical minimum
   (:data:`MINIMUM`: a quarter of a core, 128 MiB, 4 MiB/s; what a person would call "another
   process used something", not a value fitted to any benchmark).  A window whose foreign load
-  is above the bar is evidence of its own (the "foreign load" family).
+  is above the bar is evidence of its own (the "foreign load" family).  The bar also has an
+  *absolute* part (:data:`ABSOLUTE`): a neighbour that ran from the job's first second for
+  most of the run *is* the run's median, so the relative bar alone would call it normal;
+  foreign load at or above an absolute level for :data:`SUSTAIN_WINDOWS` windows in a row is
+  evidence whatever the run's median.
 
 Writes reach the disk up to ~30 s after a process dirties the page cache (writeback), and the
 node's disk counters see them then; so the run's writes are taken at their highest over the
@@ -46,6 +50,24 @@ MINIMUM = {
     "storage.foreign.read_bytes": 4 * _MiB,
     "storage.foreign.write_bytes": 4 * _MiB,
 }
+#: Absolute levels: sustained foreign load at or above these is a finding whatever the run's
+#: own median (cores; bytes/s).  Calibrated on clean recordings of this VM (docs/detection.md:
+#: foreign CPU outside other people's work stayed below 0.2 core; 0.5 core is half the core a
+#: single-threaded job needs).  CPU scales with the node: per-CPU kernel work and monitoring
+#: grow with the cores, so on large nodes the level is ``ABSOLUTE_CORE_SHARE`` of them.  No
+#: absolute level for memory (MemTotal - MemAvailable holds the kernel's and the system
+#: daemons' memory, which differs per node), page-cache growth (a job's own mmap reads fill
+#: the cache without passing its read counters) or disk writes (writeback of pages dirtied
+#: before the job or by it is charged to no process: the relative bar judges those).
+ABSOLUTE = {
+    "cpu.foreign.cores": 0.5,
+    "storage.foreign.read_bytes": 16 * _MiB,
+}
+ABSOLUTE_CORE_SHARE = 0.02
+#: Windows in a row (3-s windows every 1 s: ~10 s of load) at an absolute level before it
+#: counts: short-lived system work (a login, a cron job, a package update's burst) is not a
+#: neighbour that matters to the job.
+SUSTAIN_WINDOWS = 8
 #: Seconds between a process dirtying pages and the kernel writing them (dirty_expire 30 s).
 WRITEBACK_S = 35.0
 
@@ -181,10 +203,13 @@ class Foreign:
     value: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))   # (m, k) adjusted
     center: np.ndarray = field(default_factory=lambda: np.zeros(0))
     bar: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    level: np.ndarray = field(default_factory=lambda: np.zeros(0))   # absolute (inf: none)
+    sustain: int = SUSTAIN_WINDOWS
 
     @property
-    def excess(self) -> np.ndarray:
-        """(m, k): how far above its normal level each window's foreign load is, in bars."""
+    def relative(self) -> np.ndarray:
+        """(m, k): how far above the run's normal level each window's foreign load is, in
+        bars."""
         if not len(self.names):
             return np.zeros((len(self.value), 0))
         with np.errstate(invalid="ignore"):
@@ -192,9 +217,40 @@ class Foreign:
         return np.nan_to_num(e, nan=0.0)
 
     @property
+    def above_level(self) -> np.ndarray:
+        """(m, k): windows at or above the absolute level, in runs of ``sustain`` or more."""
+        if not len(self.names):
+            return np.zeros((len(self.value), 0), bool)
+        with np.errstate(invalid="ignore"):
+            on = np.nan_to_num(self.value, nan=0.0) >= self.level
+        return np.stack([_runs_of(on[:, j], self.sustain) for j in range(on.shape[1])], axis=1)
+
+    @property
+    def absolute(self) -> np.ndarray:
+        """(m, k): the load in absolute levels where it is sustained there, else 0."""
+        if not len(self.names):
+            return np.zeros((len(self.value), 0))
+        with np.errstate(invalid="ignore", divide="ignore"):
+            a = np.nan_to_num(self.value / self.level, nan=0.0, posinf=0.0)
+        return np.where(self.above_level, a, 0.0)
+
+    @property
+    def excess(self) -> np.ndarray:
+        """(m, k): the larger of the relative and the sustained absolute excess (>= 1: above
+        the bar)."""
+        return np.maximum(self.relative, self.absolute)
+
+    @property
     def flag(self) -> np.ndarray:
         return (self.excess >= 1.0).any(axis=1) if len(self.names) else \
             np.zeros(len(self.value), bool)
+
+    def share(self, rows: np.ndarray) -> dict[str, float]:
+        """Per channel: the fraction of ``rows`` (an event's windows) above its bar."""
+        if not len(self.names) or not len(rows):
+            return {}
+        on = (self.excess[rows] >= 1.0).mean(axis=0)
+        return {n: float(v) for n, v in zip(self.names, on)}
 
     def support(self, rows: np.ndarray) -> list[dict]:
         """Foreign channels above their bar over ``rows`` (an event's windows), strongest
@@ -204,22 +260,72 @@ class Foreign:
         with np.errstate(invalid="ignore"), warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             obs = np.nanmean(self.value[rows], axis=0)
+        # the absolute level speaks where the load was sustained there for most of the span
+        held = self.above_level[rows].mean(axis=0) >= 0.5
         out = []
         for j, n in enumerate(self.names):
-            ex = (obs[j] - self.center[j]) / self.bar[j]
+            rel = (obs[j] - self.center[j]) / self.bar[j]
+            ab = obs[j] / self.level[j] if held[j] and np.isfinite(self.level[j]) else 0.0
+            ex = max(rel, ab) if np.isfinite(rel) else ab
             if np.isfinite(ex) and ex >= 1.0:
-                out.append({"channel": n, "observed": float(obs[j]),
-                            "baseline": float(self.center[j]), "bar": float(self.bar[j]),
-                            "excess": round(float(ex), 2)})
+                d = {"channel": n, "observed": float(obs[j]),
+                     "baseline": float(self.center[j]), "bar": float(self.bar[j]),
+                     "excess": round(float(ex), 2)}
+                if np.isfinite(self.level[j]):
+                    d["level"] = float(self.level[j])
+                if ab >= 1.0:
+                    d["sustained"] = True  # held at the level clean runs stay below
+                if ab > rel:
+                    d["absolute"] = True   # ... and that, not the run's median, decided
+                out.append(d)
         out.sort(key=lambda d: -d["excess"])
         return out
 
 
+def _runs_of(on: np.ndarray, k: int) -> np.ndarray:
+    """``on`` where it holds for at least ``k`` consecutive entries."""
+    out = np.zeros(len(on), bool)
+    i, n = 0, len(on)
+    while i < n:
+        if not on[i]:
+            i += 1
+            continue
+        j = i
+        while j < n and on[j]:
+            j += 1
+        if j - i >= k:
+            out[i:j] = True
+        i = j
+    return out
+
+
+def node_cores(means: np.ndarray, names: list[str]) -> float | None:
+    """CPUs of the node: all its jiffies per second / USER_HZ (median over windows)."""
+    cols = [names.index(f"cpu.all.{k}") for k in _BUSY + ("idle", "iowait", "steal")
+            if f"cpu.all.{k}" in names]
+    if len(cols) < 3:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        c = float(np.nanmedian(np.nansum(means[:, cols].astype(np.float64), axis=1)))
+    return c / _CLK_TCK if np.isfinite(c) and c > 0 else None
+
+
+def levels(present: list[str], cores: float | None) -> np.ndarray:
+    """Absolute level of each foreign channel (inf where it has none)."""
+    out = np.array([ABSOLUTE.get(n, np.inf) for n in present], np.float64)
+    if cores and "cpu.foreign.cores" in present:
+        j = present.index("cpu.foreign.cores")
+        out[j] = max(out[j], ABSOLUTE_CORE_SHARE * round(cores))
+    return out
+
+
 def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarray,
-           z: float = 4.0) -> Foreign:
+           z: float = 4.0, sustain: int = SUSTAIN_WINDOWS) -> Foreign:
     """Foreign-load bars from the ``ref`` (normal) windows and every window's adjusted value.
 
-    ``means``: (m, c) window means of the prepared channels; ``start``: window start times."""
+    ``means``: (m, c) window means of the prepared channels; ``start``: window start times;
+    ``sustain``: windows in a row at an absolute level before it counts."""
     idx = {n: i for i, n in enumerate(names)}
     present = [n for n in MINIMUM if n in idx]
     if not present or ref.sum() < 3:
@@ -242,7 +348,8 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
     center = np.nan_to_num(center)
     mins = np.array([MINIMUM[n] for n in present])
     bar = np.maximum(z * np.nan_to_num(mad), mins)
-    return Foreign(present, np.array([idx[n] for n in present], np.intp), V, center, bar)
+    return Foreign(present, np.array([idx[n] for n in present], np.intp), V, center, bar,
+                   levels(present, node_cores(means, names)), sustain)
 
 
 def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarray:
@@ -261,17 +368,37 @@ def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarra
     return out
 
 
-#: How a foreign channel speaks for a subsystem; CPU is the carrier of almost every neighbour
-#: (a process that fills memory or writes a disk also burns CPU), so it names the anomaly only
-#: when nothing more specific is above its bar.
+#: How a foreign channel speaks for a subsystem.
 SUBSYSTEM = {"cpu.foreign.cores": "cpu", "memory.foreign.used": "memory",
              "memory.foreign.cache_growth": "memory", "storage.foreign.read_bytes": "storage",
              "storage.foreign.write_bytes": "storage"}
 
 
-def subsystem(support: list[dict]) -> str | None:
-    """The subsystem a foreign-load finding belongs to (None without support)."""
+def subsystem(support: list[dict], share: dict[str, float] | None = None,
+              symptoms: frozenset[str] | set[str] = frozenset()) -> str | None:
+    """The subsystem a foreign-load finding belongs to (None without support).
+
+    By the share of the span each family carries (``share``: channel -> fraction of the
+    event's windows above its bar), not by a fixed precedence: CPU is the carrier of almost
+    every neighbour (a process that fills memory or writes a disk also burns CPU), so memory
+    or storage names the finding when it stood out for at least half as long as the foreign
+    CPU and either its own symptoms moved (``symptoms``: subsystems with a symptom that fired)
+    or the CPU's did not.  A CPU hog that read its binary from a cold cache (a few seconds of
+    reads before minutes of spinning) or that ran while the page cache of an earlier install
+    was written back is a CPU neighbour.  Without ``share``: the specific family first."""
     if not support:
         return None
-    specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
-    return SUBSYSTEM[(specific or support)[0]["channel"]]
+    if share is None:
+        specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
+        return SUBSYSTEM[(specific or support)[0]["channel"]]
+    by: dict[str, float] = {}
+    for s in support:
+        k = SUBSYSTEM[s["channel"]]
+        by[k] = max(by.get(k, 0.0), share.get(s["channel"], 0.0))
+    cpu = by.pop("cpu", None)
+    if cpu is None:
+        return max(by, key=by.get)
+    for k in sorted(by, key=lambda k: -by[k]):
+        if by[k] >= 0.5 * cpu and (k in symptoms or "cpu" not in symptoms):
+            return k
+    return "cpu"

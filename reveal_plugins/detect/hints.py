@@ -120,8 +120,15 @@ def foreign_load(anomaly: dict, context: Ctx) -> list[dict]:
     parts = []
     for f in fo["support"][:3]:
         what, unit = _FOREIGN_WHAT.get(f["channel"], ("moved {v}", ""))
-        parts.append(what.format(v=_amount(f["observed"] - f["baseline"], unit)) +
-                     f" more than usual ({_amount(f['baseline'], unit)} before)")
+        if f.get("absolute") or f.get("since_start"):
+            # the run's own level is no "before" when the neighbour was there all along
+            lvl = f" (clean runs stay below {_amount(f['level'], unit)})" if f.get("level") \
+                else ""
+            parts.append(what.format(v=_amount(f["observed"], unit)) + (
+                ", present from the start of the run" if f.get("since_start") else "") + lvl)
+        else:
+            parts.append(what.format(v=_amount(f["observed"] - f["baseline"], unit)) +
+                         f" more than usual ({_amount(f['baseline'], unit)} before)")
     ch = context.get("channels") or {}
     sys_c, usr_c = (ch.get("cpu.foreign.system_cores") or {}), (ch.get("cpu.foreign.user_cores")
                                                               or {})

@@ -49,7 +49,8 @@ log = logging.getLogger(__name__)
 
 #: Columns every window keeps in memory (foreign-load family and its corrections).
 _FOREIGN_COLS = tuple(fl.MINIMUM) + ("storage.all.write_bytes", "storage.run.write_bytes",
-                                     "memory.MemAvailable")
+                                     "memory.MemAvailable") + tuple(
+    f"cpu.all.{k}" for k in fl._BUSY + ("idle", "iowait", "steal"))   # fl.node_cores
 
 #: GPU channels attribution.invariant_findings reads (kept for every window).
 _GPU_INVARIANT = re.compile(r"^gpu\.\d+\.(util_sm|pcie_link_(gen|width)(_max)?|throttle_\w+|"
@@ -419,8 +420,7 @@ def _fit(S, fit_s, det_cols, pos_full, names, floors, rels, ws, cfg, notes, out)
 def _judge_all(out, P, W, M, B, E, cfg, meta, events):
     anomalies: list[dict] = []
     weak = 0
-    for i in range(len(E.groups)):
-        j = stages.judge(i, P, W, M, B, E, cfg, meta, events)
+    for j in stages.judge_all(P, W, M, B, E, cfg, meta, events):
         if j.kind == "anomaly":
             anomalies.append(j.item)
         elif j.kind == "observation":

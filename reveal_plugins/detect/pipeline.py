@@ -82,8 +82,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     E = stages.event_stage(P, W, M, B, cfg, out.analysis)
     anomalies: list[dict] = []
     weak = 0
-    for i in range(len(E.groups)):
-        j = stages.judge(i, P, W, M, B, E, cfg, meta, events)
+    for j in stages.judge_all(P, W, M, B, E, cfg, meta, events):
         if j.kind == "anomaly":
             anomalies.append(j.item)
         elif j.kind == "observation":

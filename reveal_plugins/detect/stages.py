@@ -231,10 +231,67 @@ class Judgement:
     item: dict | None = None
 
 
+def parts(E: EventStage, a: int, b: int, w: int) -> list[tuple[int, int]]:
+    """Event ``(a, b)`` cut where its evidence changes: where a foreign channel rises above
+    its bar (for ``w`` windows in a row, after ``w`` windows without it).  Start-up activity
+    that runs straight into a neighbour arriving later is two things: the start-up part may be
+    dismissed, the neighbour's part is judged by when *its* evidence began.  Every part keeps
+    at least ``w`` flagged windows (trimmed to its first and last flagged one)."""
+    ex = E.foreign.excess
+    if not ex.shape[1] or b - a + 1 < 2 * w:
+        return [(a, b)]
+    on = ex[a:b + 1] >= 1.0
+    cuts = [0]
+    for k in range(w, len(on) - w + 1):
+        joins = on[k:k + w].all(axis=0) & ~on[k - w:k].any(axis=0)
+        if joins.any() and k - cuts[-1] >= w:
+            cuts.append(k)
+    if len(cuts) == 1:
+        return [(a, b)]
+    out: list[tuple[int, int]] = []
+    for lo, hi in zip(cuts, cuts[1:] + [len(on)]):
+        f = a + lo + np.nonzero(E.flag[a + lo:a + hi])[0]
+        if len(f) >= w:
+            out.append((int(f[0]), int(f[-1])))
+        elif out and len(f):     # too little of its own: joins the part before
+            out[-1] = (out[-1][0], int(f[-1]))
+    return out or [(a, b)]
+
+
+def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
+              cfg: dict, meta: dict, events: list[dict]) -> list[Judgement]:
+    """Every event judged, split where its evidence changes (:func:`parts`); consecutive parts
+    that are all anomalies are one anomaly again (judged as a whole), so a split only changes
+    the outcome where a part is start-up, teardown or weak."""
+    out: list[Judgement] = []
+    for i, g in enumerate(E.groups):
+        ps = parts(E, *g, cfg["min_windows"])
+        if len(ps) == 1:
+            out.append(judge(i, P, W, M, B, E, cfg, meta, events))
+            continue
+        js = [judge(i, P, W, M, B, E, cfg, meta, events, part=p) for p in ps]
+        k = 0
+        while k < len(ps):
+            m = k
+            while js[k].kind == "anomaly" and m + 1 < len(ps) and js[m + 1].kind == "anomaly":
+                m += 1
+            if m > k:
+                u = judge(i, P, W, M, B, E, cfg, meta, events, part=(ps[k][0], ps[m][1]))
+                out += [u] if u.kind == "anomaly" else js[k:m + 1]
+            else:
+                out.append(js[k])
+            k = m + 1
+    return out
+
+
 def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
-          E: EventStage, cfg: dict, meta: dict, events: list[dict]) -> Judgement:
-    """Evidence families -> attribution -> hints for event ``i`` of ``E``."""
+          E: EventStage, cfg: dict, meta: dict, events: list[dict],
+          part: tuple[int, int] | None = None) -> Judgement:
+    """Evidence families -> attribution -> hints for event ``i`` of ``E`` (or ``part``, a
+    range of its windows)."""
     (a, b), (s0, s1) = E.groups[i], E.spans[i]
+    if part is not None:
+        (a, b), (s0, s1) = part, span(*part, W.win.mid, W.win.stride_s)
     rows = np.arange(a, b + 1)
     rows = rows[E.flag[rows]]
     with np.errstate(all="ignore"), warnings.catch_warnings():
@@ -251,6 +308,9 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
         mask[B.cols] = True
         dev = np.where(mask, dev, 0.0)
     fsup = E.foreign.support(rows)
+    for f in fsup:
+        if _since_start(E, W, rows, f["channel"]):
+            f["since_start"] = True
     if np.max(np.abs(dev)) < cfg["min_deviation"] and not fsup:
         return Judgement("weak")
     hits = attr.symptom_hits(dev, observed, c_ref, E.symptoms, cfg["min_deviation"])
@@ -258,7 +318,8 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     impact = attr.iteration_impact(events, s0, s1, E.spans)
     slowed = attr.slowed(impact, cfg["min_slowdown_pct"])
     sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
-    fsub = fl.subsystem(fsup)
+    fsub = fl.subsystem(fsup, E.foreign.share(rows),
+                        {attr.subsystem_of(P.names[j]) for j in symp})
     if fsub:
         sub = fsub      # the neighbour is the cause; what it did to the run (a slower
         #                 all-reduce, CPU pressure) follows from it
@@ -274,7 +335,10 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
                "no pressure, stall, loss or throttling signal moved, no process outside the "
                "run took CPU, memory or I/O, and the iterations did not slow down")
     elif not from_baseline and at_edge(_foreign_onset(E, W, rows, s0), s1, W.starts, W.ends,
-                                       cfg) and not (slowed and steady_before(events, s0, cfg)):
+                                       cfg) and not (slowed and steady_before(events, s0, cfg)) \
+            and not any(f.get("sustained") for f in fsup):
+        # (foreign load held at an absolute level is no start-up: the job's own start-up runs
+        # in the job, and a neighbour that was there first is the finding)
         why = ("contiguous with the start-up or teardown of the run/step (imports, data "
                "loading, rendezvous, exit): not a steady-state anomaly")
     if why:
@@ -307,6 +371,14 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
                                  "facts": meta.get("facts") or {},
                                  "foreign": an.get("foreign")})
     return Judgement("anomaly", an)
+
+
+def _since_start(E: EventStage, W: WindowStage, rows: np.ndarray, channel: str) -> bool:
+    """The foreign channel was above its bar in (nearly) every complete window from the start
+    of the run up to ``rows``: a neighbour that was there before the job."""
+    j = E.foreign.names.index(channel)
+    before = np.nonzero(W.valid[:rows[0]])[0]
+    return not len(before) or float((E.foreign.excess[before, j] >= 1.0).mean()) >= 0.8
 
 
 def _foreign_onset(E: EventStage, W: WindowStage, rows: np.ndarray, s0: float) -> float:
@@ -377,5 +449,8 @@ def foreign_section(fsup: list[dict], events: list[dict], s0: float, s1: float) 
         o["start" if e["event"] == "neighbour_start" else "end"] = float(e["t"])
     overlap = [o for o in others.values()
                if (o["start"] is None or o["start"] <= s1) and (o["end"] is None or o["end"] >= s0)]
-    return {"support": fsup, "other_runs": overlap,
-            "source": "another registered run" if overlap else "processes in no registered run"}
+    out = {"support": fsup, "other_runs": overlap,
+           "source": "another registered run" if overlap else "processes in no registered run"}
+    if any(f.get("since_start") for f in fsup):
+        out["since_start"] = True   # present from the start of the run
+    return out
