@@ -6,7 +6,8 @@
 #   examples/demo.sh
 #
 # What it does:
-#   1. apt-get install stress-ng (and python3-venv/pip where needed), unless already present;
+#   1. apt-get install stress-ng (and python3-venv/pip where needed, see .ci/venv.sh), unless
+#      already present;
 #   2. pip install -e '.[html]' (into .venv when the system Python is "externally managed", as on
 #      Debian 12; torch comes from the CPU-only wheel index when it is not installed yet);
 #   3. examples/cpu_contention.sh: 60 s of examples/train.py under `reveal record`, with
@@ -32,11 +33,7 @@ print(int(os.path.exists(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-
           and sys.prefix == sys.base_prefix))
 PY
 )
-    if [[ "$managed" == 1 ]]; then
-        # Debian ships venv's pip bootstrap separately (python3-venv)
-        [[ -x .venv/bin/python ]] || dpkg -s python3-venv >/dev/null 2>&1 \
-            || need_apt+=(python3-venv)
-    else
+    if [[ "$managed" != 1 ]]; then
         python3 -m pip --version >/dev/null 2>&1 || need_apt+=(python3-pip)
     fi
     if ((${#need_apt[@]})); then
@@ -47,11 +44,12 @@ PY
     fi
     if [[ "$managed" == 1 ]]; then
         # Debian 12's Python refuses system-wide pip installs (PEP 668): use a venv that still
-        # sees system packages (numpy, torch) when they are installed.
-        if [[ ! -x .venv/bin/python ]]; then
-            say "python3 -m venv --system-site-packages .venv"
-            python3 -m venv --system-site-packages .venv
-        fi
+        # sees system packages (numpy, torch) when they are installed.  .ci/venv.sh makes it
+        # (the same as the test command's; it installs python3-venv when needed).
+        say "venv .venv (--system-site-packages)"
+        # shellcheck source=../.ci/venv.sh
+        . "$ROOT/.ci/venv.sh"
+        reveal_venv python3 .venv --system-site-packages
         export PATH="$ROOT/.venv/bin:$PATH"
     fi
     say "pip install -e '.[html]'  (reveal, its dependencies, matplotlib for the HTML report)"
