@@ -160,3 +160,26 @@ def test_torchrun_gpu_mapper_finds_a_workers_gpu_through_the_real_binding(old):
         finally:
             pynvml.nvmlShutdown()
     assert hit == {4242: [{"gpu": 3, "gpu_uuid": drv.gpus[3].uuid}]}
+
+
+def test_slurm_job_gets_the_gpus_of_its_gres_indices_in_the_agent(tmp_path):
+    """A Slurm registration (SPANK/Prolog send SLURM_JOB_GPUS as `gpus`) on a node whose minor
+    numbers are not in NVML order: the run records the GPUs with those minor numbers only."""
+    from reveal_plugins.telemetry.agent import Agent
+    with install_fake_nvml(FakeDriver(gpus=4, minor_numbers=[3, 2, 1, 0])) as drv:
+        for g in drv.gpus:
+            g.busy()
+        a = Agent(str(tmp_path / "spool"), interval_s=0.1)
+        try:
+            run = RunInfo(run_id="slurm-7", run_dir=str(tmp_path / "run"), source="slurm",
+                          job_id="7", gpus=[0, 1])
+            a.register(run)
+            meta = json.loads((tmp_path / "run" / "meta.json").read_text())
+        finally:
+            for p in a.all_probes:
+                p.close()
+    assert [g["minor"] for g in meta["gpus"]] == [0, 1]
+    assert [g["index"] for g in meta["gpus"]] == [3, 2]
+    assert meta["gpu_source"] == "SLURM_JOB_GPUS=0,1"
+    gpus = {c["name"].split(".")[1] for c in meta["channels"] if c["name"].startswith("gpu.")}
+    assert gpus == {"2", "3"}
