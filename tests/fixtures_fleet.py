@@ -113,3 +113,17 @@ def planted_fleet(root: str, templates: dict[str, str], nodes: int = 8, users: i
 @pytest.fixture(scope="session")
 def fleet_templates(tmp_path_factory):
     return make_templates(str(tmp_path_factory.mktemp("fleet-templates")))
+
+
+def tls_options(security, d: str) -> list[str]:
+    """``--tls-*`` options (root-owned files, key 0600 in ``d``) for joining a cluster whose
+    ``distributed.security.Security`` holds its credentials in memory (``Security.temporary``)."""
+    paths = []
+    for name, pem in (("ca.pem", security.tls_ca_file), ("cert.pem", security.tls_client_cert),
+                      ("key.pem", security.tls_client_key)):
+        p = os.path.join(d, name)
+        fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(pem)
+        paths.append(p)
+    return ["--tls-ca-file", paths[0], "--tls-cert", paths[1], "--tls-key", paths[2]]

@@ -12,7 +12,7 @@ import sys
 import pyarrow.parquet as pq
 import pytest
 
-from fixtures_fleet import clone_run, planted_fleet
+from fixtures_fleet import clone_run, planted_fleet, tls_options
 from reveal_plugins.fleet.index import build_index, discover
 from reveal_plugins.fleet.nodes import node_ranking, wilson
 
@@ -277,11 +277,14 @@ def test_features_read_from_the_runs_feature_store(tmp_path, fleet_templates):
         assert abs(g["windows"] - r["windows"]) <= 3
 
 
-def test_scheduler_option_joins_an_existing_cluster(fleet, client):
-    """--scheduler ADDRESS: the pass runs on the given cluster's workers (not a new one)."""
+def test_scheduler_option_joins_an_existing_cluster(fleet, client, tmp_path):
+    """--scheduler ADDRESS: the pass runs on the given cluster's workers (not a new one),
+    over TLS with the cluster's CA, certificate and key."""
     worker_pids = set(client.run(os.getpid).values())
+    assert client.scheduler.address.startswith("tls://")
     r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "fleet", "nodes",
-                        fleet["index"], "--json", "--scheduler", client.scheduler.address],
+                        fleet["index"], "--json", "--scheduler", client.scheduler.address,
+                        *tls_options(client.security, str(tmp_path))],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     res = json.loads(r.stdout)

@@ -10,7 +10,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from fixtures_fleet import planted_fleet
+from fixtures_fleet import planted_fleet, tls_options
 from reveal_plugins.fleet.index import build_index
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -36,7 +36,9 @@ def test_nodes_on_two_slurm_workers_same_ranking(slurm_cluster, fleet_templates,
     build_index([fl["spool"]], index, None, features=False, flush_runs=3)   # many part files
     env = dict(slurm_cluster.env, PYTHONPATH=REPO)
     embedded = _nodes(index, env, "--workers", "2")
-    on_slurm = _nodes(index, env, "--slurm-workers", "2")
+    from distributed.security import Security
+    tls = tls_options(Security.temporary(), root)   # the scheduler and workers speak TLS
+    on_slurm = _nodes(index, env, "--slurm-workers", "2", *tls)
     key = [(r["node"], r["anomalous"], r["analysed"], r["score"], r["suspect"])
            for r in embedded["nodes"]]
     assert [(r["node"], r["anomalous"], r["analysed"], r["score"], r["suspect"])

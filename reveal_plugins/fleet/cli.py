@@ -64,23 +64,24 @@ def main(argv: list[str]) -> int:
     add_options(p)
     args = ap.parse_args(argv)
 
-    from .dask_runtime import FleetRuntimeError, client_from_args
+    from .dask_runtime import FleetRuntimeError, client_from_args, security_from_args
     from .index import FleetError
     progress = False if args.no_progress else None
     try:
+        security = security_from_args(args)   # refused before anything is read or started
         if args.cmd in ("nodes", "baseline", "report"):
             from .index import check_fleet
             check_fleet(args.fleet)   # before a cluster is started for nothing
         if args.cmd == "index":   # the cluster starts only if some run is new or changed
             from .index import build_index
-            r = build_index(args.paths, args.out, lambda: client_from_args(args),
+            r = build_index(args.paths, args.out, lambda: client_from_args(args, security),
                             features=not args.no_features, progress=progress)
             print(f"fleet index {args.out}: {r['found']} run(s) found, {r['indexed']} "
                   f"indexed ({r['changed']} changed), {r['unchanged']} unchanged, "
                   f"{r['errors']} with errors; {r['runs']} in the index "
                   f"({r['seconds']:.1f} s)")
             return 0
-        with client_from_args(args) as client:
+        with client_from_args(args, security) as client:
             if args.cmd == "nodes":
                 from .nodes import format_text, node_ranking
                 res = node_ranking(args.fleet, client, args.since, args.until, progress,
