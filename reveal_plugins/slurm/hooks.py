@@ -169,7 +169,7 @@ def start_agent_detached(spool: str, interval_s: float) -> int | None:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
         try:
-            p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.telemetry.agent",
+            p = subprocess.Popen([sys.executable, "-P", "-m", "reveal_plugins.telemetry.agent",
                                   "--spool", spool, "--interval", repr(float(interval_s))],
                                  stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                  start_new_session=True, close_fds=True, cwd="/", env=env)
@@ -350,7 +350,7 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     from .install import package_parent
     env2["PYTHONPATH"] = os.pathsep.join(
         p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
-    argv = [sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze"]
+    argv = [sys.executable, "-P", "-m", "reveal_plugins.slurm.cli", "_analyze"]
     argv += ["--wait-closed"] if wait_closed else []
     argv += ["--finalize", str(exit_code)] if orphan else []
     subprocess.Popen(argv + [run_dir],
@@ -504,7 +504,7 @@ def _run_capped(cap, run_dir: str, timeout: float, hours: float, cfg: SlurmConfi
                 job: str) -> str | None:
     """Run the analysis child under ``cap``; the reason it was stopped, or None."""
     import tempfile
-    argv = cap.wrap([sys.executable, "-m", "reveal_plugins.slurm.cli", "_analyze", "--child",
+    argv = cap.wrap([sys.executable, "-P", "-m", "reveal_plugins.slurm.cli", "_analyze", "--child",
                      run_dir])
     with tempfile.TemporaryFile() as err:
         p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

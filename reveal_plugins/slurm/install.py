@@ -1,9 +1,10 @@
 """``reveal slurm install-hooks``: write the Prolog/Epilog/TaskProlog/TaskEpilog wrapper scripts.
 
 slurm.conf takes a program path without arguments, so each hook is a two-line script.  The
-scripts start the interpreter with ``-S -E`` (no site-packages scan, no PYTHON* variables) and
-put this package's directory on ``sys.path`` themselves: interpreter start-up is most of a
-Python hook's cost, and this halves it (the hooks need only the standard library).
+scripts start the interpreter with ``-S -E -P`` (no site-packages scan, no PYTHON* variables,
+not the working directory on ``sys.path``) and put this package's directory on ``sys.path``
+themselves: interpreter start-up is most of a Python hook's cost, and this halves it (the hooks
+need only the standard library).
 """
 from __future__ import annotations
 
@@ -25,7 +26,8 @@ def hook_command(hook: str, python: str | None = None) -> str:
     """The shell command that runs ``reveal slurm <hook>`` with a fast interpreter start."""
     code = (f"import sys; sys.path.insert(0, {package_parent()!r}); "
             "from reveal_plugins.slurm.cli import main; sys.exit(main())")
-    return f"{shlex.quote(python or sys.executable)} -S -E -c {shlex.quote(code)} {hook}"
+    # -P: ``-c`` would put the working directory on sys.path (ahead of the standard library)
+    return f"{shlex.quote(python or sys.executable)} -S -E -P -c {shlex.quote(code)} {hook}"
 
 
 #: Backstop for a hung interpreter (the hooks keep their own, much smaller budgets).

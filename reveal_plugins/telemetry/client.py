@@ -113,6 +113,8 @@ class AgentClient:
         """Register a run (a ``RunInfo`` or its dict).  ``watch=True``: the agent closes the run
         by itself when this process dies (it holds a pidfd of the peer)."""
         d = run.to_dict() if hasattr(run, "to_dict") else dict(run)
+        if d.get("run_dir"):   # relative to this process, not to the agent (it runs in /)
+            d["run_dir"] = os.path.abspath(d["run_dir"])
         req: dict[str, Any] = {"op": "register", "run": d}
         if watch:
             req["watch"] = True
@@ -144,9 +146,15 @@ queue_request = pending.write
 def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = False,
                 idle_grace_s: float = 30.0, live: bool = False,
                 log_path: str | None = None, segment_s: float | None = None) -> subprocess.Popen:
-    """Start a detached agent process (own session: it outlives the caller, ignores its ^C)."""
+    """Start a detached agent process (own session: it outlives the caller, ignores its ^C).
+
+    It runs in ``/`` with ``-P``: ``-m`` would put the caller's working directory first on
+    ``sys.path``, and ``sudo reveal record`` in a user's directory would import their
+    ``numpy.py`` as root.  Not ``-I``: that drops ``PYTHONPATH`` too, which a package run
+    from a source tree needs (the caller already runs with that environment)."""
+    spool = os.path.abspath(spool)
     os.makedirs(spool, mode=0o755 if os.geteuid() == 0 else 0o700, exist_ok=True)
-    cmd = [sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool", spool,
+    cmd = [sys.executable, "-P", "-m", "reveal_plugins.telemetry.agent", "--spool", spool,
            "--interval", repr(float(interval_s)), "--idle-grace", repr(float(idle_grace_s))]
     if exit_when_idle:
         cmd.append("--exit-when-idle")
@@ -154,7 +162,7 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
         cmd.append("--live")
     if segment_s is not None:
         cmd += ["--segment", repr(float(segment_s))]
-    log_path = log_path or os.path.join(spool, "agent.log")
+    log_path = os.path.abspath(log_path or os.path.join(spool, "agent.log"))
     cmd += ["--log-file", log_path]  # rotated by the agent; stderr keeps only crashes
     try:
         logf = open(log_path, "ab")
@@ -165,7 +173,8 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
         # for their workers in another thread while this starts, and exec'ing with the live
         # C environ while it is being rewritten fails with EFAULT.
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
-                                start_new_session=True, close_fds=True, env=dict(os.environ))
+                                start_new_session=True, close_fds=True, cwd="/",
+                                env=dict(os.environ))
     finally:
         if logf is not subprocess.DEVNULL:
             logf.close()
