@@ -62,6 +62,12 @@ SYMPTOMS: list[tuple[str, int, float]] = [
     (r"^gpu\.\d+\.(temp|memory_temp)$", +1, 5.0),
     (r"^gpu\.\d+\.(ecc_|xid|pcie_replay|remap|retired)", +1, 0.5),
     (r"^gpu\.\d+\.util_sm$", -1, 20.0), (r"^gpu\.\d+\.pcie_link_(gen|width)$", -1, 0.5),
+    # violation counters (share of the time the clocks were held down), NVLink errors, a lost
+    # GPU, processes on the job's GPU that are not the job's
+    (r"^gpu\.\d+\.capped_(power|thermal|board|reliability)_s$", +1, 0.1),
+    (r"^gpu\.\d+\.nvlink_\w+_errors$", +1, 0.5), (r"^gpu\.\d+\.nvml_status$", +1, 0.5),
+    (r"^gpu\.\d+\.foreign_procs$", +1, 0.5), (r"^gpu\.\d+\.foreign_sm$", +1, 5.0),
+    (r"^gpu\.\d+\.foreign_mem$", +1, 256 * 1048576.0),
     (r"^cpu\.(run\.)?perf\.ipc$", -1, -0.15),
     (r"^cpu\.(run\.)?perf\.(cache_miss_pct)$", +1, 5.0),
     (r"^cpu\.(run\.)?perf\.(l3_stall_ratio)$", +1, 0.05),
@@ -287,49 +293,10 @@ def slowed(impact: dict | None, min_pct: float) -> bool:
 def invariant_findings(t: np.ndarray, X: np.ndarray, names: list[str], units: list[str],
                        interval_s: float) -> list[dict]:
     """Conditions that are wrong however long they last, so self-referential detection cannot
-    see them: a busy GPU whose PCIe link runs below its maximum generation/width, a busy GPU
-    held in hardware/thermal slowdown for a good part of the run, GPU XID/uncorrectable ECC
-    events.  Returns anomaly skeletons (``start``, ``end``, ``score``, ``dev``/``observed``/
-    ``center`` overrides per channel index); the pipeline adds evidence and hints."""
-    idx = {n: i for i, n in enumerate(names)}
-    out = []
-    gpus = sorted({n.split(".")[1] for n in names if n.startswith("gpu.") and
-                   n.split(".")[1].isdigit()}, key=int)
-    min_rows = max(3, int(10.0 / max(interval_s, 1e-3)))
-    for g in gpus:
-        p = f"gpu.{g}."
-        util = X[:, idx[p + "util_sm"]] if p + "util_sm" in idx else None
-        busy = (util >= 30) if util is not None else np.ones(len(t), bool)
-        busy &= np.isfinite(util) if util is not None else True
-        if busy.sum() < min_rows:
-            continue
-        tb = t[busy]
-        for what in ("gen", "width"):
-            a, b = p + f"pcie_link_{what}", p + f"pcie_link_{what}_max"
-            if a in idx and b in idx:
-                cur = np.nanmedian(X[busy, idx[a]])
-                mx = np.nanmedian(X[busy, idx[b]])
-                if np.isfinite(cur) and np.isfinite(mx) and cur < mx:
-                    out.append({"start": float(tb[0]), "end": float(tb[-1]), "score": 10.0,
-                                "channels": {idx[a]: (float(mx), float(cur)),
-                                             idx[b]: (float(mx), float(mx))},
-                                "why": f"PCIe link {what} {cur:g} < max {mx:g} while busy"})
-        for flag in ("throttle_hw_slowdown", "throttle_hw_thermal", "throttle_sw_thermal",
-                     "throttle_hw_power_brake"):
-            if p + flag in idx:
-                v = X[busy, idx[p + flag]]
-                frac = float(np.nanmean(v > 0.5)) if np.isfinite(v).any() else 0.0
-                if frac >= 0.2:
-                    out.append({"start": float(tb[0]), "end": float(tb[-1]),
-                                "score": 10.0 * frac,
-                                "channels": {idx[p + flag]: (0.0, frac)},
-                                "why": f"{flag} active {100 * frac:.0f}% of the busy time"})
-        for cnt in ("xid_events", "ecc_uncorrected"):
-            if p + cnt in idx:
-                v = X[:, idx[p + cnt]]
-                hit = np.nonzero(np.nan_to_num(v) > 0)[0]
-                if len(hit):
-                    out.append({"start": float(t[hit[0]]), "end": float(t[hit[-1]]) + interval_s,
-                                "score": 20.0, "channels": {idx[p + cnt]: (0.0, float(
-                                    np.nanmax(v)))}, "why": f"{cnt} increased"})
-    return out
+    see them (a lost GPU, XID/ECC/NVLink errors, a pending or failed row remap, a busy GPU's
+    PCIe link below its maximum, clocks held down by a thermal/board limit, foreign processes
+    on the job's GPU): :func:`reveal_plugins.detect.gpu.invariant_findings`.  Returns anomaly
+    skeletons (``start``, ``end``, ``score``, ``channels`` {column: (reference, observed)},
+    ``why``)."""
+    from .gpu import invariant_findings as gpu_invariants
+    return gpu_invariants(t, X, names, units, interval_s)

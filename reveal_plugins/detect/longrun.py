@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -33,7 +32,7 @@ import numpy as np
 
 from . import attribution as attr
 from . import foreign as fl
-from . import stages
+from . import gpu, stages
 from .boundaries import boundaries, suppressed
 from .detectors import fuse
 from .events import group, hysteresis, span
@@ -52,9 +51,8 @@ _FOREIGN_COLS = tuple(fl.MINIMUM) + ("storage.all.write_bytes", "storage.run.wri
                                      "memory.MemAvailable") + tuple(
     f"cpu.all.{k}" for k in fl._BUSY + ("idle", "iowait", "steal"))   # fl.node_cores
 
-#: GPU channels attribution.invariant_findings reads (kept for every window).
-_GPU_INVARIANT = re.compile(r"^gpu\.\d+\.(util_sm|pcie_link_(gen|width)(_max)?|throttle_\w+|"
-                            r"xid_events|ecc_uncorrected)$")
+#: GPU channels the GPU invariants and the GPU peer comparison read (kept for every window).
+_GPU_INVARIANT = gpu.GATHER
 
 
 @dataclass
@@ -429,5 +427,5 @@ def _judge_all(out, P, W, M, B, E, cfg, meta, events):
             weak += 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        anomalies += stages.invariant_anomalies(P, W, E, meta, events)
+        anomalies = gpu.findings(P, W, E, cfg, meta, events, anomalies, out)
     set_anomalies(out, anomalies, weak, cfg)

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..types import ChannelMeta
-from . import stages
+from . import gpu, stages
 from .config import FOREIGN_KEYS, DetectConfig, detect_config
 from .hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
 from .prepare import Prepared, load_prepared, prepare
@@ -89,7 +89,8 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
             out.observations.append(j.item)
         else:
             weak += 1
-    anomalies += stages.invariant_anomalies(P, W, E, meta, events)
+    # GPU invariants and each GPU against its siblings (:mod:`.gpu`)
+    anomalies = gpu.findings(P, W, E, cfg, meta, events, anomalies, out)
     set_anomalies(out, anomalies, weak, cfg)
     return out
 

@@ -210,6 +210,12 @@ def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict
         for k in ("windows", "threshold", "channels_in", "window_s", "stride_s"):
             if isinstance(analysis.get(k), (int, float)):
                 _put(a, f"reveal.analysis.{k}", analysis[k])
+        gp = analysis.get("gpu_peers")     # the job's GPUs on this node against each other
+        if isinstance(gp, dict) and (gp.get("gpus") or 0) >= 2:
+            _put(a, "reveal.gpu_peers.gpus", gp.get("gpus"))
+            _put(a, "reveal.gpu_peers.suspect_gpus", sorted(
+                {int(x["gpu"]) for x in gp.get("suspects") or [] if isinstance(x, dict)}))
+            _put(a, "reveal.gpu_peers.shared", len(gp.get("shared") or []))
     extra = _meta_run(meta).get("extra") or {}
     for k in ("cluster", "partition", "account", "gpus"):
         v = run.get(k) if run.get(k) is not None else (extra.get(k) if isinstance(extra, dict)
@@ -228,6 +234,13 @@ def anomaly_attributes(an: dict[str, Any], max_evidence: int) -> dict[str, Any]:
     _put(a, "reveal.anomaly.duration_s", float(an["end"]) - float(an["start"]))
     _put(a, "reveal.anomaly.node", an.get("node"))
     _put(a, "reveal.step.id", an.get("step_id"))
+    g = an.get("gpu")
+    if isinstance(g, dict):     # the GPU it is about (NVML index, identity, rank on it)
+        _put(a, "reveal.anomaly.title", an.get("title"))
+        for k in ("index", "uuid", "pci_bus_id", "name", "rank"):
+            _put(a, f"reveal.anomaly.gpu.{k}", g.get(k))
+        if isinstance(an.get("peers"), dict):
+            _put(a, "reveal.anomaly.gpu.peers_compared", an["peers"].get("compared"))
     ev = sorted(an.get("evidence") or [], key=lambda e: -abs(float(e.get("deviation", 0))))
     top = ev[:max_evidence]
     if top:

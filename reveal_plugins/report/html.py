@@ -19,6 +19,7 @@ import numpy as np
 
 from . import fmt, views
 from .load import RunView, host_of, load_view
+from .peers_view import gpu_html_section, gpu_identity
 from .progress import Progress
 
 MAX_POINTS = 500
@@ -340,7 +341,7 @@ def _anomaly_table(rep: dict, view: RunView | None) -> str:
         where = ", ".join(x for x in (a.get("node") if len(rep["run"].get("nodes") or []) > 1
                                       else None,
                                       f"step {a['step_id']}" if a.get("step_id") not in (None, "")
-                                      else None) if x)
+                                      else None, gpu_identity(a.get("gpu"))) if x)
         rows.append(
             f"<tr id='anomaly-{n}'><td><b>#{n}</b></td>"
             f"<td><span class=sub style='background:{color}'>{esc(a['subsystem'])}</span></td>"
@@ -424,6 +425,7 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
     parts.append(_verdict(rep, view))
     parts.append(_meta_table(rep, view))
     parts.append(_anomaly_table(rep, view))
+    parts.append(gpu_html_section(rep))
     parts.append(_hints(rep))
     if view is not None and len(view.frame.t) >= 2:
         parts.append("<h3>Timelines</h3><p class='muted small'>Shaded: anomalous windows "

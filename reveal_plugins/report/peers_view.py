@@ -181,3 +181,93 @@ def timelines(peers: dict, progress=None) -> list[tuple[str, str]]:
             finally:
                 plt.close(fig)
     return out
+
+
+# -- GPUs of one job on one node (report["analysis"]["gpu_peers"], anomaly["gpu"]) -------------
+
+def gpu_identity(g: dict | None) -> str:
+    """``GPU 3 · rank 3 · GPU-8f2c… · 00000000:41:00.0 · NVIDIA H200`` ('' without an index)."""
+    if not isinstance(g, dict) or g.get("index") is None:
+        return ""
+    parts = [f"GPU {g['index']}"]
+    if g.get("rank") is not None:
+        parts.append(f"rank {g['rank']}")
+    elif g.get("ranks"):
+        parts.append("ranks " + ",".join(str(r) for r in g["ranks"]))
+    parts += [str(g[k]) for k in ("uuid", "pci_bus_id", "name") if g.get(k)]
+    return fmt.printable(" · ".join(parts))
+
+
+def _gpu_peers(report: dict) -> dict | None:
+    gp = (report.get("analysis") or {}).get("gpu_peers")
+    return gp if isinstance(gp, dict) and (gp.get("gpus") or 0) >= 2 else None
+
+
+def _gpu_short(g: dict) -> str:
+    return f"GPU {g.get('index', g.get('gpu'))}" + (
+        f" (rank {g['rank']})" if g.get("rank") is not None else "")
+
+
+def gpu_text_lines(report: dict, style: Callable[..., str] | None = None) -> list[str]:
+    """The GPU peer comparison of one run as a few lines ([] with fewer than 2 GPUs): the GPUs
+    that stood out from their siblings, the others, the phases every GPU shared."""
+    gp = _gpu_peers(report)
+    if not gp:
+        return []
+    s = style or (lambda text, *a: text)
+    t0 = float(report["run"]["start"])
+    out = ["", s("GPU peers", "bold") + s(f"  ({gp['gpus']} GPUs of this job, each window "
+                                         "against the same window on its siblings)", "dim")]
+    sus = gp.get("suspects") or []
+    named = {x["gpu"] for x in sus}
+    for x in sorted(sus, key=lambda x: x["start"]):
+        out.append("  " + s("=> ", "red", "bold") + s(f"{_gpu_short(x):<16}", "bold")
+                   + f" {fmt.offset(x['start'] - t0)} → {fmt.offset(x['end'] - t0)}  "
+                   + fmt.printable(", ".join(x.get("channels") or [])))
+    rest = [g for g in gp.get("compared") or [] if g.get("index") not in named]
+    if rest:
+        out.append("     " + s("ok", "green") + ": " + ", ".join(_gpu_short(g) for g in rest))
+    for sh in gp.get("shared") or []:
+        out.append(f"     shared: {fmt.printable(sh.get('metric', ''))} "
+                   f"{fmt.offset(sh['start'] - t0)} → {fmt.offset(sh['end'] - t0)} on all "
+                   f"{len(sh.get('gpus') or [])} GPUs at once: the job's own phase, not one GPU")
+    if not sus and not gp.get("shared"):
+        out.append("     no GPU stood out from its siblings")
+    for n in (gp.get("notes") or [])[:1]:
+        out.append(s(f"     note: {fmt.printable(n)}", "dim"))
+    return out
+
+
+def gpu_html_section(report: dict) -> str:
+    """The GPU peer comparison of one run as a table ('' with fewer than 2 GPUs)."""
+    gp = _gpu_peers(report)
+    if not gp:
+        return ""
+    t0 = float(report["run"]["start"])
+    sus: dict[int, list[dict]] = {}
+    for x in gp.get("suspects") or []:
+        sus.setdefault(x["gpu"], []).append(x)
+    rows = []
+    for g in gp.get("compared") or []:
+        mine = sus.get(g.get("index"), [])
+        verdict = ("<b style='color:#d62728'>stood out: " + ", ".join(
+            f"{_esc(fmt.offset(x['start'] - t0))}–{_esc(fmt.offset(x['end'] - t0))}"
+            for x in mine) + "</b>") if mine else "ok"
+        ev = "<br>".join(_esc(c) for c in (mine[0].get("channels") or [])) if mine else ""
+        rows.append(f"<tr><td>{_esc(g.get('index'))}</td><td>{_esc(g.get('rank', ''))}</td>"
+                    f"<td class=small>{_esc(g.get('uuid', ''))}<br>"
+                    f"{_esc(g.get('pci_bus_id', ''))}</td><td>{verdict}</td>"
+                    f"<td class=small>{ev}</td></tr>")
+    parts = ["<h3>GPU peers</h3><p class='muted small'>Each GPU of the job against the same "
+             "windows on its siblings (median of the others): a GPU that stands out is named; "
+             "a change every GPU shows at once is the job's own phase.</p>",
+             "<table><tr><th>GPU</th><th>rank</th><th>UUID / PCI</th><th>verdict</th>"
+             "<th>evidence</th></tr>" + "".join(rows) + "</table>"]
+    for sh in gp.get("shared") or []:
+        parts.append(f"<p class=muted>Shared: {_esc(sh.get('metric', ''))} "
+                     f"{_esc(fmt.offset(sh['start'] - t0))}–{_esc(fmt.offset(sh['end'] - t0))}"
+                     f" on all {len(sh.get('gpus') or [])} GPUs at once — the job's own phase, "
+                     "not one GPU.</p>")
+    for n in (gp.get("notes") or [])[:1]:
+        parts.append(f"<p class='muted small'>{_esc(n)}</p>")
+    return "\n".join(parts)

@@ -173,6 +173,9 @@ def _anomaly(n: int, a: dict, rep: dict, view: RunView | None, s: Style) -> list
     out = [head]
     if a.get("title"):
         out.append(f"    {a['title']}")
+    if a.get("gpu"):
+        from .peers_view import gpu_identity
+        out.append(f"    {'gpu':<9}{gpu_identity(a['gpu'])}")
     impact = a.get("impact")
     if impact is None and view is not None:
         impact = views.iteration_impact(view.events, a["start"], a["end"])
@@ -247,6 +250,8 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
         out += ["", s("Utilization", "bold") + s(f"  (whole node, {fmt.duration(view.frame.t[-1] - view.frame.t[0])} of samples)", "dim")]
         from .load import host_of
         out += _utilization(view, node_label or fmt.printable(host_of(view.meta)), s)
+    from .peers_view import gpu_text_lines
+    out += gpu_text_lines(report, s)
     anomalies = report.get("anomalies") or []
     out.append("")
     analysed = report.get("analysed", True)
