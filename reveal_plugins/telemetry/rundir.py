@@ -13,9 +13,12 @@ into a run directory afterwards (``write_file``).  The permission model, and why
   ACLs are set through the ``system.posix_acl_*`` extended attributes (no ``setfacl``
   needed; ext4, xfs and tmpfs support them).
 * Where the file system has no ACLs (some NFS exports) the run directory falls back to group
-  ownership ``root:<primary gid>`` with mode ``2750`` -- but only when that group is the
-  user's private group (no other member, no other account with it as primary group);
-  otherwise it stays root-only (``0700``) and a warning says why the user cannot read it.
+  ownership ``root:<primary gid>`` with mode ``2750`` -- but only when that group is proven
+  the user's private group (named like the user, no other member, no other account with it
+  as primary group, and the account database enumerable in full: local sources only in
+  nsswitch.conf -- under sssd/LDAP ``getpwall`` lists local users only, so a shared group
+  such as "users" would look private); otherwise it stays root-only (``0700``) and a
+  warning says why the user cannot read it.
 * Root never follows a path component it did not check: every directory below the spool is
   opened with ``O_NOFOLLOW | O_DIRECTORY`` relative to its parent's descriptor (openat-style),
   must be owned by root and not writable by others, and ownership and modes are changed
@@ -72,16 +75,63 @@ def acl_users(path_or_fd: str | int) -> list[int]:
     return out
 
 
+#: Where the name-service sources are configured (tests point it elsewhere).
+NSSWITCH_CONF = "/etc/nsswitch.conf"
+#: Sources whose ``getpwall``/``getgrall`` enumeration is complete (local files, systemd's
+#: dynamic users).  Anything else (sss, ldap, winbind, nis, compat's +/- entries) may answer
+#: ``getpwnam`` for accounts that ``getpwall`` never lists (sssd's ``enumerate = false``).
+_LOCAL_SOURCES = {"files", "systemd"}
+
+
+def _nss_sources(db: str) -> list[str] | None:
+    """The sources nsswitch.conf names for ``db`` (None when it cannot be read)."""
+    try:
+        with open(NSSWITCH_CONF) as f:
+            lines = f.read(1 << 20).splitlines()
+    except FileNotFoundError:
+        return ["files"]              # glibc's default without nsswitch.conf
+    except OSError:
+        return None
+    for line in lines:
+        line = line.split("#", 1)[0]
+        key, sep, rest = line.partition(":")
+        if sep and key.strip() == db:
+            return [w for w in rest.split() if not w.startswith("[")]
+    return ["files"]
+
+
+def _enumeration_complete() -> bool:
+    """True only when every account and group comes from sources ``getpwall`` enumerates."""
+    for db in ("passwd", "group"):
+        src = _nss_sources(db)
+        if not src or any(s not in _LOCAL_SOURCES for s in src):
+            return False
+    return True
+
+
 def _private_group(uid: int, gid: int) -> bool:
-    """True when ``gid`` is a user-private group: no other member, no other account's primary."""
+    """True only when ``gid`` is proven a user-private group of ``uid``: the account database
+    is enumerable in full (local sources only, see :func:`_enumeration_complete`), the group
+    carries the user's name (the user-private-group convention), lists no other member, the
+    enumeration lists the user, and no other account has it as primary group.  Under
+    sssd/LDAP nothing can be proven, so this is False there (the caller falls back to
+    root-only)."""
     try:
         g = grp.getgrgid(gid)
         name = pwd.getpwuid(uid).pw_name
     except KeyError:
         return False
-    if any(m != name for m in g.gr_mem):
+    if g.gr_name != name or any(m != name for m in g.gr_mem):
         return False
-    return not any(p.pw_gid == gid and p.pw_uid != uid for p in pwd.getpwall())
+    if not _enumeration_complete():
+        return False
+    seen_self = False
+    for p in pwd.getpwall():
+        if p.pw_uid == uid:
+            seen_self = True
+        elif p.pw_gid == gid:
+            return False
+    return seen_self
 
 
 def _grant(fd: int, path: str, uid: int, gid: int | None, default: bool) -> str:
@@ -101,8 +151,9 @@ def _grant(fd: int, path: str, uid: int, gid: int | None, default: bool) -> str:
         os.fchmod(fd, 0o2750)
         return "group"
     os.fchmod(fd, 0o700)
-    log.warning("%s: the file system has no POSIX ACLs and gid %s is not a private group of "
-                "uid %s; the run directory stays readable by root only", path, gid, uid)
+    log.warning("%s: the file system has no POSIX ACLs and gid %s is not proven a private "
+                "group of uid %s (named like the user, no other member, accounts only from "
+                "local files); the run directory stays readable by root only", path, gid, uid)
     return "root-only"
 
 
