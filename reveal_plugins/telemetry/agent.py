@@ -97,7 +97,10 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
             raise RuntimeError(f"another agent (pid {other}) already serves {self.spool}; "
                                "not starting a second one") from None
         os.ftruncate(lock, 0)
-        os.pwrite(lock, str(os.getpid()).encode(), 0)
+        try:   # the pid is for people; a full disk must not keep the agent from starting
+            os.pwrite(lock, str(os.getpid()).encode(), 0)
+        except OSError as e:
+            log.warning("%s: cannot record the agent's pid: %s", self.spool, e)
         self._lock_fd = lock
         try:
             os.unlink(self.sock_path)  # the lock is ours: any socket here is a dead agent's

@@ -37,4 +37,21 @@ def finalize_orphan(run_dir: str, exit_code: int | None, by: str) -> dict[str, A
             s["end"] = end
     meta.update(end=end, exit_code=exit_code, finalized_by=by)
     store.write_meta(run_dir, meta)
+    try:
+        store.clear_running(run_dir)
+    except OSError:
+        pass
     return meta
+
+
+def exit_code_of(run_dir: str) -> int | None:
+    """The exit code of the ``run_end`` event, when the agent wrote one."""
+    code = None
+    try:
+        for e in store.read_events(run_dir):
+            if e.get("event") == "run_end":
+                c = e.get("exit_code")
+                code = c if isinstance(c, int) and not isinstance(c, bool) else None
+    except Exception:
+        return None
+    return code

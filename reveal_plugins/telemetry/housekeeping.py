@@ -18,8 +18,10 @@ class Housekeeping:
 
     def prune_old_jobs(self, now: float | None = None) -> list[str]:
         """Remove ``<spool>/jobs/<job>`` once every run in it ended more than
-        ``retention_days`` ago (config, default 30; 0 keeps everything).  ``shutil.rmtree``
-        works on directory descriptors here and never follows a planted symlink."""
+        ``retention_days`` ago (config, default 30; 0 keeps everything).  A run that was never
+        closed (``end`` null: its agent died and no Epilog closed it, or its end could not be
+        written) counts as ended when its directory last changed.  ``shutil.rmtree`` works on
+        directory descriptors here and never follows a planted symlink."""
         import shutil
         days = float(self.config.get("retention_days", 30))
         if days <= 0:
@@ -32,15 +34,23 @@ class Housekeeping:
         except OSError:
             return removed
         open_ids = {st.run.job_id for st in self._runs.values()}
+        unfinished = set(getattr(self, "_unfinished", {}))
         for job in names:
             d = os.path.join(jobs, job)
             if job in open_ids or os.path.islink(d) or not os.path.isdir(d):
                 continue
             try:
-                ends = [store.read_meta(os.path.join(d, h)).get("end") for h in os.listdir(d)]
+                ends = []
+                for h in os.listdir(d):
+                    rd = os.path.join(d, h)
+                    meta = store.read_meta(rd)
+                    end = meta.get("end")
+                    if end is None and rd not in unfinished:
+                        end = store.last_activity(rd, meta)
+                    ends.append(end)
             except Exception:
                 continue  # unreadable or torn: an operator should look, not the agent delete
-            if ends and all(e is not None and e < cutoff for e in ends):
+            if ends and all(isinstance(e, (int, float)) and e < cutoff for e in ends):
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(job)
         if removed:
@@ -50,14 +60,7 @@ class Housekeeping:
     def _pending_loop(self) -> None:
         pend = os.path.join(self.spool, "pending")
         while not self._stop.is_set():
-            self.take_pending(pend)
-            try:
-                self._reap_owners()
-                if time.monotonic() >= self._next_prune:
-                    self._next_prune = time.monotonic() + 3600
-                    self.prune_old_jobs()
-            except Exception as e:
-                log.warning("housekeeping failed: %s: %s", type(e).__name__, e)
+            self.housekeeping_pass(pend)
             if self._stop.wait(0.5):
                 break
             if self.exit_when_idle and not self._runs and \
@@ -66,6 +69,22 @@ class Housekeeping:
                 self._stop.set()
             if self._runs:
                 self._idle_since = time.monotonic()
+
+    def housekeeping_pass(self, pend: str) -> None:
+        """One round of chores; each in its own ``try`` so that one failing (a bad file in
+        the queue, an unreadable job directory) never stops the others."""
+        def prune() -> None:
+            if time.monotonic() >= self._next_prune:
+                self._next_prune = time.monotonic() + 3600
+                self.prune_old_jobs()
+        for name, chore in (("pending queue", lambda: self.take_pending(pend)),
+                            ("reaping dead owners", self._reap_owners),
+                            ("closing unfinished runs", self.close_unfinished),
+                            ("retention", prune)):
+            try:
+                chore()
+            except Exception as e:
+                log.warning("housekeeping (%s) failed: %s: %s", name, type(e).__name__, e)
 
     def take_pending(self, pend: str) -> None:
         """Register runs queued as files while the socket was not up (root/own-uid files only).

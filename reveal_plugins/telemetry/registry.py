@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from typing import Any
 
@@ -23,10 +24,12 @@ class RunRegistry:
     """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the registered runs."""
 
     def adopt_open_runs(self) -> list[str]:
-        """Resume the runs a dead agent of this spool left open (``<spool>/jobs/<job>/<host>``
-        with ``end`` unset): sampling goes on into the same directory, start and steps kept,
-        an ``agent_restart`` event marks the gap.  Called once the spool lock is ours, so no
-        other agent can be writing them."""
+        """Resume the runs a dead agent of this machine left open (``<spool>/jobs/<job>/<host>``
+        with ``end`` unset and its ``.running`` marker present): sampling goes on into the
+        same directory, start and steps kept, an ``agent_restart`` event marks the gap.  A run
+        whose marker is gone was closed by its agent, which could not rewrite ``meta.json``
+        (a full disk): it is closed now (or as soon as there is room), never sampled again.
+        Called once the spool lock is ours, so no other agent can be writing them."""
         adopted = []
         jobs = os.path.join(self.spool, "jobs")
         try:
@@ -44,8 +47,12 @@ class RunRegistry:
                     if os.path.islink(d) or not os.path.isdir(d):
                         continue
                     meta = store.read_meta(d)
-                    if meta.get("end") is not None or host != self.host and \
-                            meta.get("host") not in (None, self.host):
+                    if meta.get("end") is not None or not self._recorded_here(host, meta):
+                        continue
+                    if meta.get("running_marker") and not store.is_running(d):
+                        log.warning("run in %s was closed by its agent but its meta.json "
+                                    "could not be rewritten; closing it now", d)
+                        self._unfinished.setdefault(d, None)
                         continue
                     run = RunInfo.from_dict(meta["run"])
                     run.run_dir = d
@@ -59,7 +66,51 @@ class RunRegistry:
         if adopted:
             log.warning("adopted %d run(s) a previous agent left open: %s", len(adopted),
                         ", ".join(adopted[:10]))
+        self.close_unfinished()
         return adopted
+
+    def _recorded_here(self, host_dir: str, meta: dict[str, Any]) -> bool:
+        """The run was recorded by an agent of this machine.  Its meta.json names the machine
+        (``agent.hostname``, the host name of the agent that wrote it), which need not be the
+        Slurm NodeName of the directory and of ``host``; older runs are matched by name."""
+        agent = meta.get("agent") if isinstance(meta.get("agent"), dict) else {}
+        if agent.get("hostname"):
+            return agent["hostname"] == socket.gethostname()
+        names = {self.host, socket.gethostname(), os.environ.get("SLURMD_NODENAME"),
+                 self.config.get("node_name")} - {None, ""}
+        return host_dir in names or meta.get("host") in names | {None}
+
+    @property
+    def _unfinished(self) -> dict[str, dict[str, Any] | None]:
+        """Runs closed but not yet written as closed (run dir -> the final meta, or None to
+        close from what the directory holds); retried by the housekeeping loop."""
+        u = self.__dict__.get("_unfinished_runs")
+        if u is None:
+            u = self.__dict__["_unfinished_runs"] = {}
+        return u
+
+    def close_unfinished(self) -> list[str]:
+        """Write the runs closed while their ``meta.json`` could not be written; returns the
+        run directories closed now.  Called at start and by the housekeeping loop."""
+        from .finalize import exit_code_of, finalize_orphan
+        done = []
+        for d, meta in list(self._unfinished.items()):
+            try:
+                if meta is not None:
+                    store.write_meta(d, meta)
+                else:
+                    finalize_orphan(d, exit_code_of(d), "agent")
+            except OSError as e:
+                log.debug("run %s still cannot be closed: %s", d, e)
+                continue
+            except Exception as e:   # gone or unreadable: nothing more the agent can do
+                log.warning("run %s not closed: %s: %s", d, type(e).__name__, e)
+            self._unfinished.pop(d, None)
+            done.append(d)
+        if done:
+            log.warning("closed %d run(s) whose end could not be written before: %s",
+                        len(done), ", ".join(done[:10]))
+        return done
 
     def register(self, run: RunInfo, owner_pid: int | None = None) -> str:
         """Start recording ``run``; idempotent per run id.  With ``owner_pid`` the run is closed
@@ -102,7 +153,9 @@ class RunRegistry:
                 "probes": self.probe_table() + [p.describe() for p in rprobes],
                 "channels": [c.to_dict() for c in channels], "start": now, "end": None,
                 "exit_code": None, "steps": [],
-                "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid},
+                "agent": {"pid": os.getpid(), "version": __version__, "uid": self.uid,
+                          "hostname": socket.gethostname()},
+                "running_marker": True,
             }
             meta.update(gpu_meta)
             if self.config.get("cpus"):   # the node's CPU set (cpuset.py): what cpu.all.* sums
@@ -111,6 +164,7 @@ class RunRegistry:
                 meta.update(start=previous.get("start", now), steps=previous.get("steps", []),
                             restarts=int(previous.get("restarts", 0)) + 1)
             store.write_meta(run_dir, meta)
+            store.mark_running(run_dir)
             writer = store.SegmentWriter(run_dir, channels, self.segment_s, file_mode=0o640)
             writer.on_segment = _features(run_dir, channels, self.interval_s, self.config)
         except BaseException:
@@ -265,10 +319,19 @@ class RunRegistry:
                        samples=st.writer.samples_written, bytes_stored=st.writer.bytes_written,
                        write_error=st.write_error, live_findings=st.live_findings,
                        events_dropped=st.events_dropped)
+        # The marker goes first: unlinking needs no free space, so even when meta.json cannot
+        # be rewritten below (ENOSPC) the next agent knows this run is over.
+        try:
+            store.clear_running(st.run.run_dir)
+        except OSError as e:
+            log.error("run %s: cannot remove %s: %s", st.run.run_id, store.RUNNING, e)
         try:
             store.write_meta(st.run.run_dir, st.meta)
         except OSError as e:
             self._write_failed(st, f"meta.json: {e}")
+            log.error("run %s: its end is not written yet (%s); retried until it is",
+                      st.run.run_id, e)
+            self._unfinished[st.run.run_dir] = dict(st.meta)
         for p in st.probes:
             p.close()
         if st.owner_fd is not None:

@@ -36,6 +36,7 @@ EVENTS = "events.jsonl"
 REPORT = "report.json"
 SEGMENTS = "segments"
 SEGMENT_RE = re.compile(r"^seg-(\d{6})\.parquet$")
+RUNNING = ".running"     # present while an agent records the run (see mark_running)
 META_SCHEMA = "reveal.run/1"
 SEGMENT_FORMAT = "reveal.segment/1"
 
@@ -61,6 +62,52 @@ def read_meta(run_dir: str) -> dict[str, Any]:
     if not isinstance(meta, dict) or "channels" not in meta:
         raise StoreError(f"{path}: missing key 'channels'")
     return meta
+
+
+def mark_running(run_dir: str) -> None:
+    """Create the empty ``.running`` marker: the run is being recorded.
+
+    The agent removes it first thing when it closes the run (:func:`clear_running`), before it
+    rewrites ``meta.json``: removing a file needs no free space, so a run whose final
+    ``meta.json`` could not be written (ENOSPC) still reads as finished to the next agent,
+    which then closes it instead of adopting it and sampling a job that is over."""
+    dfd = open_dir(run_dir)
+    try:
+        fd = os.open(RUNNING, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640,
+                     dir_fd=dfd)
+        os.close(fd)
+    finally:
+        os.close(dfd)
+
+
+def clear_running(run_dir: str) -> None:
+    """Remove the ``.running`` marker (absent already: nothing to do)."""
+    dfd = open_dir(run_dir)
+    try:
+        os.unlink(RUNNING, dir_fd=dfd)
+    except FileNotFoundError:
+        pass
+    finally:
+        os.close(dfd)
+
+
+def is_running(run_dir: str) -> bool:
+    return os.path.lexists(os.path.join(run_dir, RUNNING))
+
+
+def last_activity(run_dir: str, meta: dict[str, Any] | None = None) -> float:
+    """When the run directory last changed (the newest of its own, ``meta.json``'s,
+    ``events.jsonl``'s and ``segments/``' modification times, and the run's start)."""
+    times = []
+    for name in ("", META, EVENTS, SEGMENTS):
+        try:
+            times.append(os.lstat(os.path.join(run_dir, name) if name else run_dir).st_mtime)
+        except OSError:
+            pass
+    start = (meta or {}).get("start")
+    if isinstance(start, (int, float)):
+        times.append(float(start))
+    return max(times, default=0.0)
 
 
 def append_event(run_dir: str, event: str, t: float | None = None, **fields: Any) -> dict:
