@@ -6,6 +6,8 @@ process each (time, peak RSS), with the single-IsolationForest reference timed i
     python benchmarks/detection/perf.py                  # 15,30,60,120 min
     python benchmarks/detection/perf.py --minutes 15,60  # a subset
 Goal: 1 h in <= 10 s with <= 1 GB peak RSS on 2 cores; cost linear in duration.
+Results: ``benchmarks/detection/results/perf-<split>-<date>.json`` (``--results``; the
+:mod:`results` header, ``{"rows": [...]}``; ``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+import results as bench_results  # noqa: E402
 
 CHILD = r"""
 import json, resource, sys, time
@@ -66,7 +70,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reference", action="store_true",
                     help="also time the 1xIsolationForest reference (slow on long runs)")
     ap.add_argument("--keep", help="keep run directories here")
+    bench_results.add_args(ap)
     args = ap.parse_args(argv)
+    bench = bench_results.begin("perf", args.split, argv)
     base = args.keep or tempfile.mkdtemp(prefix="reveal-perf-")
     rows = []
     for m in [float(x) for x in args.minutes.split(",")]:
@@ -113,6 +119,7 @@ def main(argv=None) -> int:
     with open(os.path.join(base, "perf.json"), "w") as f:
         json.dump(rows, f, indent=1)
     print(f"run directories and perf.json in {base}")
+    print(f"results: {bench.write(args.results or bench.default_path(), {'rows': rows})}")
     return 0
 
 

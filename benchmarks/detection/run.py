@@ -8,6 +8,9 @@ detectors (IsolationForest, PCA reconstruction error, k-means distance) on the s
     python benchmarks/detection/run.py --smoke                  # ~2.5 min (CI)
     python benchmarks/detection/run.py --rescore DIR [--split dev|test]   # no recording
 
+``--split dev`` is the default; ``--split test`` (and ``all``, which includes test) is refused
+from a dirty tree (:mod:`results`).
+
 Kinds (``KINDS``): stress-ng (cpu, cache, stream, vm, hdd) and the benchmark's own injectors
 (``injectors.py``: a one-core hog on the idle or on the victim's core, a cache thrasher, a
 memory-bandwidth streamer, a memory eater, a page-cache filler, a metadata storm, buffered and
@@ -16,7 +19,9 @@ pair whose rate is cut with ``tc qdisc ... tbf``.  Victims (``VICTIMS``): single
 to core 0), two threads, DataLoader workers, eval/checkpoint phases, DDP.  Each kind is injected
 three times; one instance goes to the dev split and two to the test split at random (the seed
 is printed and stored in ``scenarios.json``).  Tune on dev; report test.
-Needs root for the network part (skipped otherwise).  Results: ``<out>/results.json``.
+Needs root for the network part (skipped otherwise).  Results: ``<out>/results.json`` and
+(not for ``--smoke``) ``benchmarks/detection/results/detection-<split>-<date>.json``
+(``--results``), both with the :mod:`results` header.
 """
 from __future__ import annotations
 
@@ -37,6 +42,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
 from scoring import fmt_confusion, fmt_table, reference_detectors, score  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(HERE))
+import results as bench_results  # noqa: E402
 
 #: injection kind -> (subsystem a correct finding names, how it is made)
 KINDS = {
@@ -329,16 +337,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rescore", metavar="DIR", help="score already recorded runs in DIR")
     ap.add_argument("--no-net", action="store_true", help="skip the DDP network scenario")
     ap.add_argument("--only", help="comma-separated scenario names")
-    ap.add_argument("--split", choices=("dev", "test", "all"), default="all",
-                    help="record/score only this split (tune on dev, report test)")
+    # --split: record/score only this split (tune on dev, report test; default dev); --results
+    bench_results.add_args(ap, extra_splits=("all",))
     ap.add_argument("--extra-clean", type=int, default=0, metavar="N",
                     help="record only N more clean test-split runs (victim shapes in turn) "
                          "into --out, for more clean hours")
     ap.add_argument("--seed", type=int, default=None,
                     help="seed of the split assignment and scenario draw (printed)")
     args = ap.parse_args(argv)
+    bench = bench_results.begin("detection", args.split, argv)
     if args.rescore:
         out = args.rescore
+        try:
+            with open(os.path.join(out, "scenarios.json")) as f:
+                seed = json.load(f).get("seed")
+        except (OSError, ValueError):
+            seed = None
         names = sorted(d for d in os.listdir(out)
                        if os.path.exists(os.path.join(out, d, "labels.json"))
                        and (args.split == "all" or d.startswith(args.split + "-")))
@@ -388,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
               f"      observations {info['observations']}\n"
               f"      live {info['live']}  (references: {info['reference_events']} events; "
               f"analysis {info['analysis_s']} s)", flush=True)
-    res = {"out": out, "runs": infos, "finished": time.time()}
+    res = {"out": out, "seed": seed, "rescored": bool(args.rescore), "runs": infos,
+           "finished": time.time()}
     for split in ("dev", "test"):
         sel = [i for i, o in enumerate(ours_runs) if o["split"] == split]
         if not sel:
@@ -402,9 +417,11 @@ def main(argv: list[str] | None = None) -> int:
         print("per kind (reveal):", json.dumps(ours["per_kind"]))
         print("per victim (reveal):", json.dumps(ours["per_victim"]))
         res[split] = {"reveal": ours, **{f"reference_{k}": v for k, v in refs.items()}}
-    with open(os.path.join(out, "results.json"), "w") as f:
-        json.dump(res, f, indent=1)
+    bench.write(os.path.join(out, "results.json"), res)
     print(f"\nresults: {os.path.join(out, 'results.json')}")
+    if args.results or not args.smoke:
+        path = bench.write(args.results or bench.default_path(), res)
+        print(f"results: {path}")
     return 0
 
 

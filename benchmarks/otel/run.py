@@ -8,7 +8,9 @@
 3. Export time for reports with many anomalies: span building and sending to a loopback
    receiver, spans per second, and the ratio against building alone.
 
-Receivers are the test suite's real ones (``tests/fixtures_otlp.py``).
+Receivers are the test suite's real ones (``tests/fixtures_otlp.py``).  Results:
+``benchmarks/otel/results/otel-<split>-<date>.json`` (``--results``; the :mod:`results` header;
+``--split dev`` by default, ``test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -23,9 +25,11 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "tests"))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import grpc  # noqa: E402
 
+import results as bench_results  # noqa: E402
 from fixtures_otlp import (OtlpGrpcReceiver, OtlpHttpReceiver, make_otel_meta,  # noqa: E402
                            make_otel_report)
 from reveal_plugins.otel import sink  # noqa: E402
@@ -59,7 +63,7 @@ def hook_times(run_dir: str, report: dict, endpoint: str | None, protocol: str, 
     return out
 
 
-def bench_delay(reps: int) -> None:
+def bench_delay(reps: int) -> list[dict]:
     import logging
     logging.getLogger("reveal_plugins").setLevel(logging.ERROR)  # the one warning per case
     d = tempfile.mkdtemp(prefix="reveal-otel-bench-")
@@ -76,6 +80,8 @@ def bench_delay(reps: int) -> None:
           f"{reps} reps, report with 3 anomalies ==")
     print(f"{'case':44s} {'median s':>9s} {'max s':>8s} {'max/budget':>10s}")
     print(f"{'export off (reference)':44s} {ref_med:9.4f} {max(ref):8.4f} {max(ref) / 1.0:10.2f}")
+    rows = [{"protocol": None, "case": "export off (reference)", "median_s": ref_med,
+             "max_s": max(ref)}]
     hole = socket.socket()
     hole.bind(("127.0.0.1", 0))
     hole.listen(64)
@@ -96,14 +102,17 @@ def bench_delay(reps: int) -> None:
                             protocol, reps)
             label = f"{protocol:13s} {name}"
             print(f"{label:44s} {statistics.median(ts):9.4f} {max(ts):8.4f} {max(ts):10.2f}")
+            rows.append({"protocol": protocol, "case": name, "median_s": statistics.median(ts),
+                         "max_s": max(ts)})
         for r in (up, slow, refusing):
             r.close()
     hole.close()
     for v in OTEL_VARS:
         os.environ.pop(v, None)
+    return rows
 
 
-def bench_record(reps: int) -> None:
+def bench_record(reps: int) -> list[dict]:
     """Whole ``reveal record -- true`` wall time: export off vs backend down / hung."""
     import subprocess
     d = tempfile.mkdtemp(prefix="reveal-otel-bench-rec-")
@@ -123,6 +132,7 @@ def bench_record(reps: int) -> None:
     print(f"\n== job-end delay of `reveal record -- true` (whole command), {reps} reps ==")
     print(f"{'case':44s} {'median s':>9s} {'max s':>8s} {'median - ref':>12s}")
     ref = None
+    rows = []
     for name, extra in cases:
         ts = []
         for i in range(reps):
@@ -134,14 +144,18 @@ def bench_record(reps: int) -> None:
         med = statistics.median(ts)
         ref = med if ref is None else ref
         print(f"{name:44s} {med:9.3f} {max(ts):8.3f} {med - ref:12.3f}")
+        rows.append({"case": name, "median_s": med, "max_s": max(ts), "median_minus_ref_s":
+                     med - ref})
     hole.close()
+    return rows
 
 
-def bench_size(sizes: list[int]) -> None:
+def bench_size(sizes: list[int]) -> list[dict]:
     print("\n== export time for reports with many anomalies (loopback receiver) ==")
     print(f"{'protocol':13s} {'anomalies':>9s} {'spans':>6s} {'build s':>8s} {'send s':>8s} "
           f"{'spans/s':>9s} {'send/build':>10s}")
     meta = make_otel_meta()
+    rows = []
     for protocol in ("http/protobuf", "grpc"):
         recv = OtlpGrpcReceiver() if protocol == "grpc" else OtlpHttpReceiver()
         cfg = load_config(overrides={"endpoint": recv.endpoint, "protocol": protocol,
@@ -158,7 +172,10 @@ def bench_size(sizes: list[int]) -> None:
             assert o.ok, o.error
             print(f"{protocol:13s} {n:9d} {len(spans):6d} {build:8.4f} {send:8.4f} "
                   f"{len(spans) / (build + send):9.0f} {send / build:10.2f}")
+            rows.append({"protocol": protocol, "anomalies": n, "spans": len(spans),
+                         "build_s": build, "send_s": send})
         recv.close()
+    return rows
 
 
 def main() -> int:
@@ -167,11 +184,15 @@ def main() -> int:
     ap.add_argument("--sizes", default="10,100,1000,5000")
     ap.add_argument("--record-reps", type=int, default=3,
                     help="reps of the whole `reveal record -- true` comparison (0: skip)")
+    bench_results.add_args(ap)
     args = ap.parse_args()
-    bench_delay(args.reps)
+    bench = bench_results.begin("otel", args.split, extra_paths=("tests/fixtures_otlp.py",))
+    doc = {"reps": args.reps, "hook_delay": bench_delay(args.reps)}
     if args.record_reps:
-        bench_record(args.record_reps)
-    bench_size([int(x) for x in args.sizes.split(",")])
+        doc["record_reps"] = args.record_reps
+        doc["record"] = bench_record(args.record_reps)
+    doc["export_size"] = bench_size([int(x) for x in args.sizes.split(",")])
+    print("\nresults: " + bench.write(args.results or bench.default_path(), doc))
     return 0
 
 

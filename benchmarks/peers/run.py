@@ -2,6 +2,7 @@
 """Peer comparison on real multi-node jobs, against per-node analysis alone (same runs).
 
     python benchmarks/peers/run.py [--runs 20] [--seconds 50] [--split dev|test] [--keep DIR]
+                                   [--results FILE]
 
 Every run is one ``examples/multinode.sh`` job (2 nodes, each with its own network namespace,
 CPU set, agent, one gloo DDP rank).  The schedule is drawn from the split's seed (dev and test
@@ -36,9 +37,11 @@ of any node after the fault start.
 The runs hold /tmp/reveal-quiet.lock exclusively (``--lock``), a few consecutive runs per
 hold (at most 9 minutes a hold), so the machine's other work pauses between holds, never
 during a run.  Keep the machine otherwise idle: any process landing on a node's CPU is a real
-foreign load there, and one free to run anywhere loads both nodes and hides a hog.  Results
-are appended to
-``benchmarks/peers/results/<date>.txt``.
+foreign load there, and one free to run anywhere loads both nodes and hides a hog.  Results:
+``benchmarks/peers/results/peers-<split>-<date>.json`` (``--results``; :mod:`results` header,
+``--split dev`` by default, a ``test`` run is refused from a dirty tree), rewritten after every
+run so an interrupted benchmark keeps its runs (``"complete": false`` in the header until the
+end).  ``results/2026-12-03.txt`` holds the text results of earlier versions.
 """
 from __future__ import annotations
 
@@ -58,6 +61,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from faults import EXPECT, inject, variants  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results as bench_results  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -304,6 +310,23 @@ def summary(scores: list[dict]) -> list[str]:
             "per tool (node/subsystem/runs): " + ", ".join(per_tool)]
 
 
+def figures(scores: list[dict]) -> dict:
+    """The summary as numbers (what the README table reads)."""
+    ok = [s for s in scores if s["ok"]]
+    f = [s for s in ok if s["kind"] != "clean"]
+    c = [s for s in ok if s["kind"] == "clean"]
+    live = [s["live"] for s in f if s["live"] is not None]
+    return {"fault_runs": len(f), "clean_runs": len(c), "failed_runs": len(scores) - len(ok),
+            "node_ok": sum(bool(s["node_ok"]) for s in f),
+            "subsystem_ok": sum(bool(s["sub_ok"]) for s in f),
+            "false_suspects_clean": sum(s["false"] > 0 for s in c),
+            "live_false_clean": sum(s["live_false"] > 0 for s in c),
+            "live_latency_s_p50": round(statistics.median(live), 1) if live else None,
+            "ref_node_ok": sum(bool(s["ref_node_ok"]) for s in f),
+            "ref_subsystem_ok": sum(bool(s["ref_sub_ok"]) for s in f),
+            "ref_false_clean": sum(s["ref_false"] > 0 for s in c)}
+
+
 def run_line(i: int, res: dict, s: dict) -> str:
     p = res["plan"]
     head = f"run={i:02d} kind={p['kind']}"
@@ -326,33 +349,24 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seconds", type=int, default=50, help="training time per job")
-    ap.add_argument("--split", choices=sorted(SEEDS), default="test")
     ap.add_argument("--seed", type=int, default=None, help="override the split's seed")
     ap.add_argument("--lock", default="/tmp/reveal-quiet.lock",
                     help="held exclusively during the runs, <= 9 min a hold ('' for none)")
     ap.add_argument("--keep", default=None, help="keep the spools and raw results here")
-    ap.add_argument("--out", default=None, help="results file (default results/<date>.txt)")
+    bench_results.add_args(ap)
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
         ap.error("needs root (network, UTS and PID namespaces)")
     if a.runs < 1 or not (20 <= a.seconds <= 600):
         ap.error("--runs >= 1 and 20 <= --seconds <= 600")
+    bench = bench_results.begin("peers", a.split, argv)
     plans = schedule(a.runs, a.split, a.seed)
-    out = a.out or os.path.join(HERE, "results", time.strftime("%Y-%m-%d") + ".txt")
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    rev = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                         capture_output=True, text=True).stdout.strip()
-    seed = "" if a.seed is None else f" --seed {a.seed}"
-    header = (f"# benchmarks/peers/run.py --runs {a.runs} --seconds {a.seconds} --split "
-              f"{a.split}{seed}  ({time.strftime('%Y-%m-%d %H:%M:%S %Z')}, git {rev}, "
-              f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
-    res_f = open(out, "a")   # line by line: an interrupted benchmark keeps its runs
-
-    def emit(ln: str) -> None:
-        print(ln, flush=True)
-        res_f.write(ln + "\n")
-        res_f.flush()
-    emit(header)
+    out = a.results or bench.default_path()
+    doc = {"seed": SEEDS[a.split] if a.seed is None else a.seed, "runs_planned": a.runs,
+           "seconds": a.seconds, "runs": [], "summary": [], "figures": {}}
+    print(f"# {bench.header['command']}  ({bench.header['date']}, git "
+          f"{(bench.header['commit'] or '?')[:7]}, tree clean: {bench.header['tree_clean']}, "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})", flush=True)
     keep = a.keep
     if keep:
         os.makedirs(keep, exist_ok=True)
@@ -367,7 +381,10 @@ def main(argv: list[str] | None = None) -> int:
             lock.ran(res["wall"])
         s = score(res)
         scores.append(s)
-        emit(run_line(i, res, s))
+        line = run_line(i, res, s)
+        print(line, flush=True)
+        doc["runs"].append({"line": line, "plan": plan, "score": s})
+        bench.write(out, doc, complete=False)   # an interrupted benchmark keeps its runs
         if keep:
             with open(os.path.join(spool, "result.json"), "w") as f:
                 json.dump({k: v for k, v in res.items() if k != "job"}, f)
@@ -376,11 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     if lock is not None:
         lock.release()
     shutil.rmtree(frozen, ignore_errors=True)
-    for ln in summary(scores):
-        emit(ln)
-    res_f.write("\n")
-    res_f.close()
-    print(f"results appended to {out}")
+    doc["summary"] = summary(scores)
+    doc["figures"] = figures(scores)
+    for ln in doc["summary"]:
+        print(ln, flush=True)
+    bench.write(out, doc)
+    print(f"results: {out}")
     return 0
 
 

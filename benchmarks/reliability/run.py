@@ -7,7 +7,9 @@ slow-drip clients and an event flood on its own run, for ``--seconds``.  Meanwhi
 every 50 ms and registers a new run every 0.5 s.  Reference in the same run: the same pings
 with no attack.  Then ``--kills`` kill -9s of a forked agent at random moments of one run.
 Last line: ``worst_root_ms=… p99_root_ms=… baseline_p99_ms=… requests_per_s=… conns_held_max=…
-rss_mb=… kills=… segments_lost=…``.
+rss_mb=… kills=… segments_lost=…``.  Results: ``benchmarks/reliability/results/
+reliability-<split>-<date>.json`` (``--results``; the :mod:`results` header; ``--split test`` is
+refused from a dirty tree).  ``results/2026-12-03.txt`` holds the figures of an earlier version.
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import results as bench_results  # noqa: E402
 
 from reveal_plugins.telemetry import store  # noqa: E402
 from reveal_plugins.telemetry.client import AgentClient  # noqa: E402
@@ -129,15 +134,19 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--kills", type=int, default=50)
+    bench_results.add_args(ap)
     a = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root (a root agent attacked by nobody)")
+    bench = bench_results.begin("reliability", a.split, extra_paths=("tests/hostile_client.py",))
     res = {**attack(a.seconds), **kills(a.kills)}
     print(json.dumps(res, indent=1))
     keys = ("worst_root_ms", "p99_root_ms", "baseline_p99_ms", "worst_register_ms",
             "requests_per_s", "conns_held_max", "rss_mb", "kills", "segments_lost")
     print(" ".join(f"{k}={res[k]:.1f}" if isinstance(res[k], float) else f"{k}={res[k]}"
                    for k in keys))
+    print("results: " + bench.write(a.results or bench.default_path(),
+                                    dict(res, seconds=a.seconds)))
 
 
 if __name__ == "__main__":

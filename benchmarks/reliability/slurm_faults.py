@@ -17,7 +17,10 @@ Starts its own slurmctld + slurmd + munge (tests/fixtures_slurm.py), then for bo
 
 A job "survives" when it COMPLETED and the node is idle afterwards; a drained node is resumed
 and counted.  Prolog/Epilog wall time is what the wrapper measured (scripts mode) and is shown
-as the worst case against the no-fault reference of the same run.
+as the worst case against the no-fault reference of the same run.  Results:
+``benchmarks/reliability/results/slurm_faults-<split>-<date>.json`` (``--results``; the
+:mod:`results` header; ``--split test`` is refused from a dirty tree).
+``results/2026-12-03-slurm-faults.txt`` holds the figures of an earlier version.
 """
 from __future__ import annotations
 
@@ -37,7 +40,9 @@ HERE = pathlib.Path(__file__).resolve()
 ROOT = HERE.parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import results as bench_results  # noqa: E402
 from fixtures_slurm import SlurmCluster, _ensure_installed, _ensure_users  # noqa: E402
 
 JOB = "#!/bin/sh\nsrun sleep 2\n"
@@ -144,7 +149,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=3, help="jobs per fault and mode")
     ap.add_argument("--keep", action="store_true", help="keep the Slurm directory (logs)")
+    bench_results.add_args(ap)
     a = ap.parse_args()
+    bench = bench_results.begin("slurm_faults", a.split,
+                                extra_paths=("tests/fixtures_slurm.py", "tests/hostile_client.py"))
     if os.geteuid() != 0:
         print("needs root (it starts slurmctld/slurmd)", file=sys.stderr)
         return 2
@@ -174,6 +182,7 @@ def main() -> int:
         if not a.keep:
             shutil.rmtree(base, ignore_errors=True)
     ref = {m: t for m, f, _, t in rows if f == "none"}
+    table = []
     print(f"{'mode':8} {'fault':17} {'jobs':>4} {'done':>4} {'drained':>7} "
           f"{'prolog_max_ms':>13} {'epilog_max_ms':>13} {'epilog_max/ref':>14}")
     for mode, fault, r, t in rows:
@@ -182,11 +191,22 @@ def main() -> int:
         rem = max(ref[mode]["epilog"]) * 1e3 if ref[mode]["epilog"] else float("nan")
         print(f"{mode:8} {fault:17} {r['jobs']:4d} {r['completed']:4d} {r['drained']:7d} "
               f"{pm:13.1f} {em:13.1f} {em / rem:14.2f}")
+        table.append({"mode": mode, "fault": fault, "jobs": r["jobs"],
+                      "completed": r["completed"], "drained": r["drained"],
+                      "prolog_max_ms": pm, "epilog_max_ms": em, "epilog_max_ref_ms": rem})
     faulty = [r for _, f, r, _ in rows if f != "none"]
     print(f"faults_injected={sum(r['jobs'] for r in faulty)} "
           f"jobs_completed={sum(r['completed'] for r in faulty)} "
           f"nodes_drained={sum(r['drained'] for r in faulty)} "
           f"fault_kinds={len({f for _, f, _, _ in rows if f != 'none'})}")
+    figures = {"faults_injected": sum(r["jobs"] for r in faulty),
+               "jobs_completed": sum(r["completed"] for r in faulty),
+               "nodes_drained": sum(r["drained"] for r in faulty),
+               "fault_kinds": len({f for _, f, _, _ in rows if f != "none"}),
+               "modes": sorted({m for m, _, _, _ in rows})}
+    print("results: " + bench.write(a.results or bench.default_path(),
+                                    {"jobs_per_fault": a.jobs, "table": table,
+                                     "figures": figures}))
     return 0
 
 

@@ -7,9 +7,15 @@ plus filler gauges up to CHANNELS channels) for 2 h at 10 Hz (the default sampli
 the reference measured in the same run, 2 h at 1 Hz; renders the text summary and the HTML page
 of each and prints sizes, times and the 10 Hz / 1 Hz ratios.  The HTML size should not grow
 with the sample count (display bins, not samples, decide it).
+
+    python benchmarks/report/run.py [--split dev|test] [--results FILE]
+
+Results: ``benchmarks/report/results/report-<split>-<date>.json`` (the :mod:`results` header;
+``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import pathlib
@@ -20,6 +26,9 @@ import time
 HERE = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent.parent / "tests"))
 sys.path.insert(0, str(HERE.parent.parent))
+sys.path.insert(0, str(HERE.parent))
+
+import results as bench_results  # noqa: E402
 
 from fixtures_report import make_report, make_run  # noqa: E402
 
@@ -55,6 +64,10 @@ def one(base: str, interval: float) -> dict:
 
 
 def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench_results.add_args(ap)
+    a = ap.parse_args()
+    bench = bench_results.begin("report", a.split, extra_paths=("tests/fixtures_report.py",))
     with tempfile.TemporaryDirectory(prefix="reveal-bench-report-") as base:
         ref = one(base, 1.0)
         big = one(base, 0.1)
@@ -66,6 +79,9 @@ def main() -> int:
             f"{r[k]:>12.1f}" if isinstance(r[k], float) else f"{r[k]:>12}" for k in keys))
     print(f"{'ratio':<12}" + "".join(f"{big[k] / ref[k]:>12.2f}" if ref[k] else f"{'-':>12}"
                                      for k in keys))
+    print("results: " + bench.write(a.results or bench.default_path(),
+                                    {"seconds": SECONDS, "channels": CHANNELS,
+                                     "reference_1hz": ref, "run_10hz": big}))
     return 0
 
 

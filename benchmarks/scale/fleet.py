@@ -16,6 +16,11 @@ Runs: three analysed templates (real store and pipeline, synthetic 70-s telemetr
 so after the first pass they are read from the page cache: a cold spool is slower).
 Window features are on (the default): each run's segments are read and windowed.  One node
 (cn007) is a lemon: all its runs carry the CPU-contention template's anomaly.
+
+Results: ``benchmarks/scale/results/fleet-<split>-<date>.json`` (``--out``; the :mod:`results`
+header; ``--split dev`` by default, ``test`` is refused from a dirty tree).  An existing
+``--out`` file keeps its other sizes only when it was written from the same commit and tree
+state.  ``results-fleet.json`` holds the figures of 2026-12-03 (written before results headers).
 """
 from __future__ import annotations
 
@@ -34,7 +39,9 @@ HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(HERE.parent))
 
+import results as bench_results  # noqa: E402
 from fixtures_fleet import DAY, T0, clone_run, make_templates  # noqa: E402
 
 
@@ -151,18 +158,27 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, nargs="+", default=[100, 1000, 10000])
     ap.add_argument("--work", help="keep fleets here (default: a temporary directory)")
-    ap.add_argument("--out", default=str(HERE / "results-fleet.json"))
+    ap.add_argument("--out", default=None,
+                    help="results file (default results/fleet-<split>-<date>.json)")
+    bench_results.add_args(ap, results=False)
     ap.add_argument("--reference", nargs=2, metavar=("SPOOL", "FLEET"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.reference:
         reference_main(*args.reference)
         return 0
+    bench = bench_results.begin("fleet", args.split, extra_paths=("tests/fixtures_fleet.py",))
+    out = args.out or bench.default_path()
     root = args.work or tempfile.mkdtemp(prefix="reveal-fleet-bench-")
     os.makedirs(root, exist_ok=True)
     templates = make_templates(root)
     try:
-        old = json.load(open(args.out)) if os.path.exists(args.out) else {}
+        old = json.load(open(out)) if os.path.exists(out) else {}
     except ValueError:
+        old = {}
+    oh = old.get("header") or {}
+    if old and not (oh.get("commit") == bench.header["commit"] and oh.get("tree_clean")
+                    and bench.header["tree_clean"] and oh.get("split") == args.split):
+        print(f"# {out}: other commit, split or a dirty tree; its sizes are not kept")
         old = {}
     results = old.get("sizes", {})
     print(f"{'runs':>6} {'mode':<10} {'index s':>8} {'nodes s':>8} {'total s':>8} "
@@ -179,11 +195,7 @@ def main() -> int:
               f"{r['dask_2w_vs_reference']:.2f}x; unchanged re-index "
               f"{r['dask_2w']['reindex_unchanged_s']:.1f} s; same top node: "
               f"{r['same_top_node']}")
-    with open(args.out, "w") as f:
-        json.dump({"benchmark": "fleet", "cores": os.cpu_count(),
-                   "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                   "sizes": results}, f, indent=1)
-    print(f"results: {args.out}")
+    print(f"results: {bench.write(out, {'sizes': results})}")
     if not args.work:
         shutil.rmtree(root, ignore_errors=True)
     return 0

@@ -2,6 +2,7 @@
 """Scale: analysis of long runs (1 h, 24 h, 7 days x ~700 channels at 10 Hz) in bounded memory.
 
     python benchmarks/scale/run.py --hours H [--keep DIR] [--no-full] [--replay-above 24]
+                                   [--split dev|test] [--results FILE]
 
 Telemetry: :class:`reveal_plugins.detect.synth.SynthHost` (64 cores, 140 extra gauges: 688
 raw channels, the procfs layout), written through the real segment store, with a CPU and a
@@ -28,7 +29,8 @@ from ``ru_maxrss``), through ``analysis.analyze_and_publish`` like the Epilog's.
 Up to 2 h the in-memory pipeline is measured on the same run as the reference (ratios printed).
 The last line is ``job_end_s=... job_end_rss_mb=... full_s=... full_rss_mb=...``.  Goals
 (issue 12): job end <= 60 s and <= 1 GB for 7 days; --full linear in duration and <= 1 GB at
-any length; 1 h still <= 10 s.
+any length; 1 h still <= 10 s.  Results: ``benchmarks/scale/results/scale-<H>h-<split>-<date>.json``
+(``--results``; the :mod:`results` header; ``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -44,6 +46,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(HERE))
+import results as bench_results  # noqa: E402
 
 T0 = 1.7e9
 CHILD = r"""
@@ -210,7 +214,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-full", action="store_true", help="skip reporting --full")
     ap.add_argument("--replay-above", type=float, default=24.0,
                     help="longer runs are built by replaying featurized hours")
+    bench_results.add_args(ap)
     args = ap.parse_args(argv)
+    bench = bench_results.begin("scale", args.split, argv)
     base = args.keep or tempfile.mkdtemp(prefix="reveal-scale-")
     os.makedirs(base, exist_ok=True)
     try:
@@ -221,6 +227,8 @@ def main(argv=None) -> int:
         with open(os.path.join(base, f"scale-{args.hours:g}h.json"), "w") as f:
             json.dump(row, f, indent=1)
         print(json.dumps(row))
+        print("results: " + bench.write(args.results or bench.default_path(
+            f"scale-{args.hours:g}h"), row))
         j, fu = row["job_end"], row.get("full") or {}
         ext = " (extrapolated)" if fu.get("extrapolated") else ""
         print(f"# goals: job end <= 60 s and <= 1024 MB at 7 days; 1 h <= 10 s; --full <= 1024 "

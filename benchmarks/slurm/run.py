@@ -11,7 +11,9 @@ Three phases, measured in the same run:
            the wrapper script around the interpreter, i.e. what slurmd waits for);
   ref      the same scripts with ``enabled = false``: interpreter start-up + reading the
            configuration, the floor of any Python hook.
-Also printed: jobs/s end to end for each phase.
+Also printed: jobs/s end to end for each phase.  Results:
+``benchmarks/slurm/results/slurm-<split>-<date>.json`` (``--results``; the :mod:`results` header;
+``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ import time
 HERE = pathlib.Path(__file__).resolve()
 sys.path.insert(0, str(HERE.parents[2] / "tests"))
 sys.path.insert(0, str(HERE.parents[2]))
+sys.path.insert(0, str(HERE.parents[1]))
+
+import results as bench_results  # noqa: E402
 
 from fixtures_slurm import SlurmCluster, _ensure_installed  # noqa: E402
 
@@ -69,7 +74,9 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=50)
     ap.add_argument("--ref-jobs", type=int, default=20)
     ap.add_argument("--keep", action="store_true", help="keep the Slurm directory (logs)")
+    bench_results.add_args(ap)
     a = ap.parse_args()
+    bench = bench_results.begin("slurm", a.split, extra_paths=("tests/fixtures_slurm.py",))
     if os.geteuid() != 0:
         print("needs root (it starts slurmctld/slurmd)", file=sys.stderr)
         return 2
@@ -94,6 +101,7 @@ def main() -> int:
           f"on {os.cpu_count()} CPUs")
     print(f"{'phase':8} {'hook':7} {'n':>3} {'p50':>7} {'p99':>7} {'max':>7} "
           f"{'p50/ref':>8} {'budget':>7} {'over':>5} {'jobs/s':>7}")
+    table = []
     for r in res:
         for hook in ("prolog", "epilog"):
             xs = r[hook]
@@ -101,9 +109,15 @@ def main() -> int:
                 print(f"{r['name']:8} {hook:7} no samples")
                 continue
             over = sum(x > BUDGET[hook] * 1e3 for x in xs)
+            table.append({"phase": r["name"], "hook": hook, "n": len(xs), "p50_ms": pct(xs, 50),
+                          "p99_ms": pct(xs, 99), "max_ms": max(xs), "budget_ms":
+                          BUDGET[hook] * 1e3, "over_budget": over,
+                          "jobs_per_s": r["jobs_per_s"]})
             print(f"{r['name']:8} {hook:7} {len(xs):3d} {pct(xs, 50):7.1f} {pct(xs, 99):7.1f} "
                   f"{max(xs):7.1f} {pct(xs, 50) / pct(ref[hook], 50):8.2f} "
                   f"{BUDGET[hook] * 1e3:5.0f}ms {over:5d} {r['jobs_per_s']:7.2f}")
+    print("results: " + bench.write(a.results or bench.default_path(),
+                                    {"table": table, "phases": res}))
     return 0
 
 

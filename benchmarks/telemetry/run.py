@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Telemetry benchmarks: collector CPU, stored bytes per second, per-probe sample cost.
 
-    python benchmarks/telemetry/run.py [--duration 60] [--reps 3] [--json out.json]
+    python benchmarks/telemetry/run.py [--duration 60] [--reps 3] [--split dev|test]
+                                       [--results FILE]
 
 1. Collector CPU at 10 Hz for the host procfs+PSI probe set, as % of one core, measured from
    the sampling process's own CPU time (getrusage around a drift-free 10 Hz loop of the real
@@ -16,6 +17,8 @@
 3. Per-probe sample cost (CPU µs per ``sample()``), for every registered probe.
 
 The machine is shared: medians of ``--reps`` repetitions are reported, with min–max as noise.
+Results: ``benchmarks/telemetry/results/telemetry-<split>-<date>.json`` (``--results``; the
+:mod:`results` header; ``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ import urllib.request
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(HERE))
+import results as bench_results  # noqa: E402
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 NODE_EXPORTER = shutil.which("prometheus-node-exporter") or "/usr/bin/prometheus-node-exporter"
@@ -323,8 +328,10 @@ def main() -> int:
     ap.add_argument("--storage-reps", type=int, default=1, help="reveal record runs (1)")
     ap.add_argument("--only", choices=["cpu", "storage", "probes"], action="append",
                     help="run only these parts (repeatable)")
-    ap.add_argument("--json", metavar="FILE", help="also write all figures as JSON")
+    bench_results.add_args(ap)
+    ap.add_argument("--json", metavar="FILE", dest="results", help=argparse.SUPPRESS)  # old name
     args = ap.parse_args()
+    bench = bench_results.begin("telemetry", args.split)
     parts = set(args.only or ["cpu", "storage", "probes"])
     res: dict = {"host": socket.gethostname(), "ncpu": os.cpu_count(),
                  "duration_s": args.duration, "date": time.strftime("%Y-%m-%d %H:%M:%S UTC",
@@ -414,9 +421,7 @@ def main() -> int:
               f"{14000 / tot:.1f}-{22000 / tot:.1f}x less; full agent (all probes + storage) "
               f"{res['storage']['agent_cpu_pct_median']:.2f}% of one core\n")
 
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1)
+    print(f"results: {bench.write(args.results or bench.default_path(), res)}")
     return 0
 
 

@@ -10,6 +10,9 @@
 2. Launcher: wall time from launch to the worker's first line, and launch to exit, of
    ``torchrun`` vs ``reveal-torchrun`` vs ``reveal-torchrun --reveal-off`` on a script that
    does nothing (so only launcher cost is measured); interleaved, medians.
+
+Results: ``benchmarks/torch/results/torch-<split>-<date>.json`` (``--results``; the :mod:`results`
+header; ``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -21,6 +24,9 @@ import subprocess
 import sys
 import tempfile
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results as bench_results  # noqa: E402
 
 
 # The launcher's receiver, in its own process as in real use (in this process it would compete
@@ -148,7 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=3, help="launches per variant (default 3)")
     ap.add_argument("--steps", type=int, default=20000, help="hook calls measured (default 20000)")
+    bench_results.add_args(ap)
     a = ap.parse_args(argv)
+    bench = bench_results.begin("torch", a.split, argv)
     print(f"reveal-torchrun benchmark  (python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f})")
     h = bench_hook(a.steps)
@@ -171,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"   {name:30s} {v['first']:14.2f} s {v['total']:8.2f} s   "
               f"x{v['first'] / ref['first']:.2f} / x{v['total'] / ref['total']:.2f}   "
               f"(+{v['first'] - ref['first']:.2f} s / +{v['total'] - ref['total']:.2f} s)")
+    print("results: " + bench.write(a.results or bench.default_path(),
+                                    {"markers": h, "launcher": L, "repeats": a.repeats}))
     return 0
 
 
