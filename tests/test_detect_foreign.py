@@ -15,9 +15,10 @@ GiB = 1 << 30
 
 
 def frame(seconds=150.0, cores=2, run_cores=None, foreign_cores=None, run_rss=None,
-          foreign_mem=None, foreign_write=None, migrate=False, seed=0):
+          foreign_mem=None, foreign_write=None, counters=None, migrate=False, seed=0):
     """Cumulative counters of a node running one job.  Each ``*_cores``/``*_mem``/``*_write``
-    (bytes/s) argument is a function of the time since start (s) -> level."""
+    (bytes/s) argument is a function of the time since start (s) -> level; ``counters``:
+    more counter channels, ``{name: (unit, rate function)}``."""
     rng = np.random.default_rng(seed)
     n = int(seconds / IV)
     t = T0 + np.arange(n) * IV
@@ -67,6 +68,9 @@ def frame(seconds=150.0, cores=2, run_cores=None, foreign_cores=None, run_rss=No
         add("storage.sda.write_sectors", "sectors", "counter", np.cumsum(fw * IV / 512))
         add("storage.run.read_bytes", "bytes", "counter", np.zeros(n))
         add("storage.run.write_bytes", "bytes", "counter", np.zeros(n))
+    for name, (unit, f) in (counters or {}).items():
+        rate = np.array([f(x) for x in rel]) * (1 + np.abs(rng.normal(0, 0.05, n)))
+        add(name, unit, "counter", np.cumsum(rate * IV))
     return t, np.stack(cols, axis=1), ch
 
 
@@ -202,3 +206,34 @@ def test_short_foreign_burst_inside_startup_is_startup():
     t, v, ch = frame(foreign_cores=lambda x: 0.8 if x < 12 else 0.0)
     det = run(t, v, ch)
     assert det.anomalies == [], det.anomalies
+
+
+def test_cpu_hog_during_writeback_of_an_earlier_install_is_cpu():
+    """Issue 21 item 3: a CPU hog arrives while the page cache an install left dirty is
+    written back (foreign writes all along the hog's span, the disk's queue time up).  The
+    busy disk is no stall of anyone; the CPU's pressure is: a CPU neighbour, not storage."""
+    MiB = 1 << 20
+    hog = lambda x: 60 <= x < 80                                    # noqa: E731
+    t, v, ch = frame(foreign_cores=lambda x: 1.3 if hog(x) else 0.0, cores=2, seconds=120,
+                     foreign_write=lambda x: 60 * MiB if 55 <= x < 85 else 0.0,
+                     counters={"storage.sda.weighted_io_ms": (
+                         "ms", lambda x: 1500.0 if 55 <= x < 85 else 5.0),
+                         "cpu.psi.some_total": ("us", lambda x: 6e5 if hog(x) else 1e3)})
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["cpu"], det.anomalies
+    a = det.anomalies[0]
+    assert {"cpu.foreign.cores", "storage.foreign.write_bytes"} <= {
+        f["channel"] for f in a["foreign"]["support"]}, a["foreign"]
+
+
+def test_io_neighbour_with_io_pressure_is_storage():
+    """The same writes with the I/O pressure up (tasks stalled on the disk): storage."""
+    MiB = 1 << 20
+    on = lambda x: 60 <= x < 80                                     # noqa: E731
+    t, v, ch = frame(foreign_cores=lambda x: 0.8 if on(x) else 0.0, cores=2, seconds=120,
+                     foreign_write=lambda x: 60 * MiB if on(x) else 0.0,
+                     counters={"storage.psi.some_total": ("us", lambda x: 5e5 if on(x)
+                                                          else 1e3),
+                               "cpu.psi.some_total": ("us", lambda x: 3e5 if on(x) else 1e3)})
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["storage"], det.anomalies

@@ -33,6 +33,7 @@ forked workers share; their exit would otherwise look like foreign memory appear
 from __future__ import annotations
 
 import os
+import re
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
@@ -374,23 +375,34 @@ SUBSYSTEM = {"cpu.foreign.cores": "cpu", "memory.foreign.used": "memory",
              "storage.foreign.write_bytes": "storage"}
 
 
+#: Symptoms of a busy device, not of anyone waiting for it: the queue time a neighbour's own
+#: writes (or the writeback of an earlier install) build up says what its foreign bytes
+#: already say; whether a task stalled is what I/O pressure, blocked tasks and iowait say.
+_DEVICE_BUSY = re.compile(r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|flush_ms|"
+                          r"in_flight)$")
+
+
 def subsystem(support: list[dict], share: dict[str, float] | None = None,
-              symptoms: frozenset[str] | set[str] = frozenset()) -> str | None:
+              symptoms: list[str] = ()) -> str | None:
     """The subsystem a foreign-load finding belongs to (None without support).
 
     By the share of the span each family carries (``share``: channel -> fraction of the
     event's windows above its bar), not by a fixed precedence: CPU is the carrier of almost
     every neighbour (a process that fills memory or writes a disk also burns CPU), so memory
     or storage names the finding when it stood out for at least half as long as the foreign
-    CPU and either its own symptoms moved (``symptoms``: subsystems with a symptom that fired)
-    or the CPU's did not.  A CPU hog that read its binary from a cold cache (a few seconds of
-    reads before minutes of spinning) or that ran while the page cache of an earlier install
-    was written back is a CPU neighbour.  Without ``share``: the specific family first."""
+    CPU and either its own symptoms moved (``symptoms``: the symptom channels that fired; a
+    busy device alone is not a stall) or the CPU's did not.  A CPU hog that read its binary
+    from a cold cache (a few seconds of reads before minutes of spinning) or that ran while
+    the page cache of an earlier install was written back is a CPU neighbour.  Without
+    ``share``: the specific family first."""
+    from .attribution import subsystem_of
+
     if not support:
         return None
     if share is None:
         specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
         return SUBSYSTEM[(specific or support)[0]["channel"]]
+    symptoms = {subsystem_of(n) for n in symptoms if not _DEVICE_BUSY.match(n)}
     by: dict[str, float] = {}
     for s in support:
         k = SUBSYSTEM[s["channel"]]

@@ -318,8 +318,7 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     impact = attr.iteration_impact(events, s0, s1, E.spans)
     slowed = attr.slowed(impact, cfg["min_slowdown_pct"])
     sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
-    fsub = fl.subsystem(fsup, E.foreign.share(rows),
-                        {attr.subsystem_of(P.names[j]) for j in symp})
+    fsub = fl.subsystem(fsup, E.foreign.share(rows), [P.names[j] for j in symp])
     if fsub:
         sub = fsub      # the neighbour is the cause; what it did to the run (a slower
         #                 all-reduce, CPU pressure) follows from it
