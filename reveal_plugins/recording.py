@@ -8,9 +8,9 @@ command runs on without telemetry.
 """
 from __future__ import annotations
 
-import getpass
 import logging
 import os
+import pwd
 import socket
 import sys
 import tempfile
@@ -108,9 +108,9 @@ class Recording:
         self.client = ensure_agent(self._private_spool, self.interval_s, wait_s=10.0,
                                    exit_when_idle=True, idle_grace_s=5.0, live=self.live,
                                    segment_s=float(seg) if seg else None)
-        try:
-            user = getpass.getuser()
-        except Exception:
+        try:   # the account, not $USER/$LOGNAME (which anyone sets to anything)
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except KeyError:
             user = None
         run = RunInfo(run_id=self.run_id or os.path.basename(out.rstrip("/")) or "run",
                       run_dir=out,

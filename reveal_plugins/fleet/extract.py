@@ -2,12 +2,21 @@
 
 Runs on Dask workers (:func:`extract_batch` is the task), so it never raises for one bad run:
 an unreadable run becomes a row with ``status = "unreadable"`` and ``error`` saying why.
+
+The pass runs as root over directories their users write (``reveal-runs/*``): the run
+directory is opened once without following a symlink and read through that descriptor, every
+file through :func:`reveal_plugins.telemetry.store.open_regular` (no symlink followed, no
+FIFO opened blocking, regular files within size caps), segments within the store's expansion
+caps.  Who ran it comes from the file system, not from what the run says: a run directory and
+``meta.json`` owned by root (the agent's spool, identities from Slurm) are taken at their word;
+any other run is its ``meta.json`` owner's, and the workload it names is kept apart as
+``user:<owner>/<workload>`` (a user cannot add runs to another team's workload baseline).
 """
 from __future__ import annotations
 
 import hashlib
-import json
 import os
+import pwd
 import time
 from typing import Any
 
@@ -31,7 +40,7 @@ def signature(run_dir: str) -> str:
     parts = []
     for name in ("meta.json", "report.json", "events.jsonl", "segments"):
         try:
-            st = os.stat(os.path.join(run_dir, name))
+            st = os.lstat(os.path.join(run_dir, name))
             parts.append(f"{st.st_mtime_ns}:{st.st_size}")
         except OSError:
             parts.append("-")
@@ -110,10 +119,12 @@ def _stored_windows(run_dir: str, meta: dict, window_s: float):
     return ch.start, ch.start + window_s, ch.valid, ch.stats["mean"], names, un
 
 
-def run_features(run_dir: str, meta: dict) -> list[dict[str, Any]]:
+def run_features(run_dir: str, meta: dict, feature_store: bool = True
+                 ) -> list[dict[str, Any]]:
     """Per channel: how its 3-s window means are distributed over the run's steady part (the
     same windows, warm-up/cool-down cut and derived channels ``reveal baseline fit`` uses).
-    Read from the run's feature store when it has one, else computed from the segments."""
+    Read from the run's feature store when it has one (and ``feature_store``: only runs root
+    wrote), else computed from the segments."""
     from ..detect.boundaries import boundaries, suppressed
     from ..detect.config import FOREIGN_KEYS, detect_config
     from ..telemetry import store
@@ -121,7 +132,8 @@ def run_features(run_dir: str, meta: dict) -> list[dict[str, Any]]:
     cfg = detect_config(None, ignore=FOREIGN_KEYS).as_dict()
     got = None
     try:
-        got = _stored_windows(run_dir, meta, cfg["window_s"])
+        if feature_store:
+            got = _stored_windows(run_dir, meta, cfg["window_s"])
     except Exception:   # a damaged feature file: the segments are the truth
         got = None
     if got is None:
@@ -176,6 +188,29 @@ def _num(v) -> float | None:
     return f if np.isfinite(f) else None
 
 
+def _user_name(uid: Any) -> str | None:
+    if not isinstance(uid, int) or isinstance(uid, bool) or uid < 0:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid:{uid}"
+
+
+def _trusted(dir_st: os.stat_result, meta_st: os.stat_result) -> bool:
+    """``meta.json`` was written by root (or by whoever runs this pass) into a directory
+    nobody else can write: the agent's spool, whose identities come from Slurm."""
+    writers = {0, os.geteuid()}
+    return (dir_st.st_uid in writers and meta_st.st_uid == dir_st.st_uid
+            and not (dir_st.st_mode | meta_st.st_mode) & 0o022)
+
+
+def _read_json(path: str, max_bytes: int, what: str):
+    from ..telemetry import store
+    data, st = store.read_bounded(path, max_bytes, what)
+    return store.parse_json(data, path), st
+
+
 def extract_run(run_dir: str, features: bool = True) -> dict[str, Any]:
     """``{"run": row, "anomalies": [rows], "features": [rows], "day": "YYYY-MM-DD"}``."""
     run_dir = os.path.abspath(run_dir)
@@ -187,31 +222,70 @@ def extract_run(run_dir: str, features: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {"run": row, "anomalies": [], "features": [], "day": "unknown",
                            "signature": signature(run_dir)}
     try:
-        with open(os.path.join(run_dir, "meta.json")) as f:
-            meta = json.load(f)
+        dfd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        row["error"] = f"{run_dir}: {e.strerror} (a symlinked run directory is not followed)"
+        return out
+    try:
+        # Every read below goes through this descriptor: a run directory swapped for a
+        # symlink after discovery is not followed.
+        pinned = f"/proc/self/fd/{dfd}"
+        if not os.path.isdir(pinned):
+            pinned = run_dir
+        _extract(run_dir, pinned, os.fstat(dfd), row, out, key, features)
+    finally:
+        os.close(dfd)
+    for k in ("error", "status_reason"):
+        if isinstance(row.get(k), str) and pinned != run_dir:
+            row[k] = row[k].replace(pinned, run_dir)
+    return out
+
+
+def _extract(run_dir: str, d: str, dir_st: os.stat_result, row: dict, out: dict, key: str,
+             features: bool) -> None:
+    from ..telemetry import store
+    try:
+        meta, meta_st = _read_json(os.path.join(d, "meta.json"), store.MAX_META_BYTES,
+                                   "meta.json")
         run = meta.get("run") or {}
         extra = run.get("extra") or {}
         cmd = run.get("command")
+        trusted = _trusted(dir_st, meta_st)
+        if trusted:
+            user = run.get("user") or _user_name(run.get("uid"))
+            workload = workload_of(run)
+        else:   # the owner ran it, whatever the run says; its workload names are its own
+            user = _user_name(meta_st.st_uid)
+            workload = f"user:{user}/{workload_of(run)}"
         row.update(run_id=run.get("run_id"), source=run.get("source"),
                    job_id=None if run.get("job_id") is None else str(run["job_id"]),
                    step_id=None if run.get("step_id") is None else str(run["step_id"]),
-                   user=run.get("user"), node=run.get("host") or _host_name(meta),
+                   user=None if user is None else str(user),
+                   node=run.get("host") or _host_name(meta),
                    partition=extra.get("partition"), account=extra.get("account"),
-                   workload=workload_of(run),
+                   workload=workload,
                    command=" ".join(map(str, cmd)) if isinstance(cmd, list) else cmd,
                    start=_num(meta.get("start")), end=_num(meta.get("end")),
                    exit_code=meta.get("exit_code"), channels=len(meta.get("channels") or []),
                    status="unanalysed")
         row["node"] = row["node"] or "unknown"
+    except FileNotFoundError as e:
+        row["error"] = f"{run_dir}/meta.json: {type(e).__name__}: {e}"
+        return
+    except store.StoreError as e:
+        row["error"] = str(e)
+        return
     except (OSError, ValueError, AttributeError, TypeError) as e:
         row["error"] = f"{run_dir}/meta.json: {type(e).__name__}: {e}"
-        return out
+        return
     report = None
     try:
-        with open(os.path.join(run_dir, "report.json")) as f:
-            report = json.load(f)
+        report, _ = _read_json(os.path.join(d, "report.json"), store.MAX_REPORT_BYTES,
+                               "report.json")
     except FileNotFoundError:
         pass
+    except store.StoreError as e:
+        row["error"] = str(e)
     except (OSError, ValueError) as e:
         row["error"] = f"{run_dir}/report.json: {type(e).__name__}: {e}"
     if isinstance(report, dict):
@@ -259,14 +333,13 @@ def extract_run(run_dir: str, features: bool = True) -> dict[str, Any]:
     out["day"] = _day(row.get("start"))
     if features:
         try:
-            feats = run_features(run_dir, meta)
+            feats = run_features(d, meta, feature_store=trusted)
         except Exception as e:  # a broken segment set never stops the fleet pass
             feats = []
             row["error"] = row["error"] or f"{run_dir}: features: {type(e).__name__}: {e}"
         for fr in feats:
             fr.update(run_key=key, workload=row.get("workload"), node=row["node"])
         out["features"] = feats
-    return out
 
 
 def extract_batch(run_dirs: list[str], features: bool = True) -> list[dict[str, Any]]:

@@ -71,7 +71,9 @@ def discover(paths: Iterable[str], max_depth: int = 6) -> list[str]:
         stack = [(p, 0)]
         while stack:
             d, depth = stack.pop()
-            if os.path.isfile(os.path.join(d, "meta.json")):
+            # any meta.json entry makes a run (a symlink or FIFO there is then a row with
+            # an error an operator sees, not a directory silently skipped)
+            if os.path.lexists(os.path.join(d, "meta.json")):
                 found.append(d)
                 continue
             if depth >= max_depth:

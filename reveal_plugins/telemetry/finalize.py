@@ -18,7 +18,10 @@ def last_sample_time(run_dir: str) -> float | None:
     """Time of the last sample in the newest readable segment (a torn one is skipped)."""
     for path in reversed(store.segment_paths(run_dir)):
         try:
-            t = pq.read_table(path, columns=["t_ms"]).column("t_ms")
+            fd, _ = store.open_regular(path, store.MAX_SEGMENT_BYTES, "segment",
+                                       nofollow_dir=True)
+            with open(fd, "rb") as f:
+                t = pq.read_table(f, columns=["t_ms"]).column("t_ms")
         except Exception:
             continue
         if len(t):

@@ -14,10 +14,12 @@ most the open segment and ``meta.json`` is never empty or partial.  Segments are
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable
@@ -45,6 +47,94 @@ class StoreError(RuntimeError):
     """A run directory cannot be written or read; the message names the path."""
 
 
+def _limit(name: str, default: int) -> int:
+    try:
+        return max(1, int(os.environ.get(name, "")))
+    except ValueError:
+        return default
+
+
+# What a reader accepts from a run directory.  Run directories outside the agent's spool are
+# written by their users (``reveal-runs/*``) and read by root (a fleet pass, an Epilog), so
+# every file is opened without following a symlink, without blocking on a FIFO, must be a
+# regular file and is refused beyond these sizes (the agent's own files stay far below).
+MAX_META_BYTES = _limit("REVEAL_MAX_META_BYTES", 32 << 20)
+MAX_EVENTS_BYTES = _limit("REVEAL_MAX_EVENTS_BYTES", 96 << 20)   # the agent caps 64 MiB
+MAX_REPORT_BYTES = _limit("REVEAL_MAX_REPORT_BYTES", 64 << 20)
+MAX_SEGMENT_BYTES = _limit("REVEAL_MAX_SEGMENT_BYTES", 256 << 20)
+#: stored rows and decoded bytes a segment's footer may declare (read before decoding)
+MAX_SEGMENT_ROWS = _limit("REVEAL_MAX_SEGMENT_ROWS", 16_000_000)
+MAX_SEGMENT_DECODED = _limit("REVEAL_MAX_SEGMENT_DECODED", 1 << 30)
+#: samples x channels one segment may expand to (10 s x 1 kHz x 1,600 channels)
+MAX_SEGMENT_CELLS = _limit("REVEAL_MAX_SEGMENT_CELLS", 16_000_000)
+
+_KIND = {stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK:
+         "a block device", stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a directory"}
+
+
+def open_regular(path: str, max_bytes: int, what: str = "file", *,
+                 nofollow_dir: bool = False) -> tuple[int, os.stat_result]:
+    """Open ``path`` for reading as a reader of user-writable run directories must: the last
+    component never followed if it is a symlink (``O_NOFOLLOW``), never blocking on a FIFO
+    (``O_NONBLOCK``), a regular file (checked on the descriptor, ``fstat``) of at most
+    ``max_bytes``.  With ``nofollow_dir`` the directory holding it must not be a symlink
+    either (``segments/``).  Returns ``(fd, stat)``; raises FileNotFoundError when it is
+    absent and :class:`StoreError` naming the file otherwise."""
+    parent, name = os.path.split(path)
+    dflags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (os.O_NOFOLLOW if nofollow_dir
+                                                           else 0)
+    try:
+        dfd = os.open(parent or ".", dflags)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        why = ("is a symbolic link or not a directory; not followed"
+               if e.errno in (errno.ELOOP, errno.ENOTDIR) else e.strerror)
+        raise StoreError(f"{parent}: {why}") from None
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY
+                     | os.O_CLOEXEC, dir_fd=dfd)
+    except FileNotFoundError:
+        raise
+    except OSError as e:
+        why = ("is a symbolic link; not followed (a run directory's files are read only "
+               "as regular files)" if e.errno == errno.ELOOP else e.strerror)
+        raise StoreError(f"{path}: {why}") from None
+    finally:
+        os.close(dfd)
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = _KIND.get(stat.S_IFMT(st.st_mode), "not a plain file")
+        raise StoreError(f"{path}: not a regular file ({kind}); not read")
+    if st.st_size > max_bytes:
+        os.close(fd)
+        raise StoreError(f"{path}: {st.st_size} bytes, more than the {max_bytes} a {what} "
+                         "may hold; not read")
+    return fd, st
+
+
+def read_bounded(path: str, max_bytes: int, what: str = "file") -> tuple[bytes, os.stat_result]:
+    """The content of ``path`` opened by :func:`open_regular` (at most ``max_bytes``)."""
+    fd, st = open_regular(path, max_bytes, what)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(max_bytes + 1)
+    if len(data) > max_bytes:
+        raise StoreError(f"{path}: grew past the {max_bytes} bytes a {what} may hold; not read")
+    return data, st
+
+
+def parse_json(data: bytes, path: str) -> Any:
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise StoreError(f"{path}: invalid JSON (nested too deeply)") from None
+    except UnicodeDecodeError as e:
+        raise StoreError(f"{path}: invalid JSON (not UTF-8: {e.reason})") from None
+    except json.JSONDecodeError as e:
+        raise StoreError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+
+
 def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
     """Replace ``meta.json`` atomically and durably (readers never see it empty or partial)."""
     write_file(run_dir, META, json.dumps(meta, sort_keys=True, separators=(",", ":")).encode())
@@ -53,12 +143,10 @@ def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
 def read_meta(run_dir: str) -> dict[str, Any]:
     path = os.path.join(run_dir, META)
     try:
-        with open(path) as f:
-            meta = json.load(f)
+        data, _ = read_bounded(path, MAX_META_BYTES, "meta.json")
     except FileNotFoundError:
         raise StoreError(f"{path}: not a run directory (meta.json missing)") from None
-    except json.JSONDecodeError as e:
-        raise StoreError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    meta = parse_json(data, path)
     if not isinstance(meta, dict) or "channels" not in meta:
         raise StoreError(f"{path}: missing key 'channels'")
     return meta
@@ -134,24 +222,28 @@ def read_events(run_dir: str, warnings: list[str] | None = None) -> list[dict[st
     path = os.path.join(run_dir, EVENTS)
     out: list[dict[str, Any]] = []
     try:
-        f = open(path)
+        fd, _ = open_regular(path, MAX_EVENTS_BYTES, "events.jsonl")
     except FileNotFoundError:
         return out
-    with f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                rec = json.loads(line)
-                float(rec["t"])
-            except (ValueError, KeyError, TypeError) as e:
-                msg = f"{path}:{n}: skipped invalid event line ({type(e).__name__}: {e})"
-                log.warning(msg)
-                if warnings is not None:
-                    warnings.append(msg)
-                continue
-            out.append(rec)
+    with os.fdopen(fd, "rb") as f:
+        data = f.read(MAX_EVENTS_BYTES + 1)
+    if len(data) > MAX_EVENTS_BYTES:
+        raise StoreError(f"{path}: grew past the {MAX_EVENTS_BYTES} bytes an events.jsonl "
+                         "may hold; not read")
+    for n, line in enumerate(data.split(b"\n"), 1):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            rec = json.loads(line)
+            float(rec["t"])
+        except (ValueError, KeyError, TypeError, RecursionError) as e:
+            msg = f"{path}:{n}: skipped invalid event line ({type(e).__name__}: {e})"
+            log.warning(msg)
+            if warnings is not None:
+                warnings.append(msg)
+            continue
+        out.append(rec)
     return out
 
 
@@ -264,8 +356,23 @@ class SegmentWriter:
 def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     """Read one segment into ``(t (n,), values (n, len(names)))``, forward-filling the change log.
 
-    Raises on an unreadable file or a file that is not a reveal segment."""
-    table = pq.read_table(path)
+    Raises on an unreadable file or a file that is not a reveal segment, and
+    :class:`StoreError` naming the file when it is not a regular file or would expand beyond
+    the ``MAX_SEGMENT_*`` limits: its footer is checked before anything is decoded, and the
+    dense result (samples x ``names``) before it is allocated, so a tiny crafted segment with
+    millions of compressible ticks under a meta.json declaring thousands of channels cannot
+    make the reader allocate gigabytes."""
+    fd, _ = open_regular(path, MAX_SEGMENT_BYTES, "segment", nofollow_dir=True)
+    with os.fdopen(fd, "rb") as f:
+        pf = pq.ParquetFile(f)
+        md = pf.metadata
+        decoded = sum(md.row_group(i).column(j).total_uncompressed_size
+                      for i in range(md.num_row_groups) for j in range(md.num_columns))
+        if md.num_rows > MAX_SEGMENT_ROWS or decoded > MAX_SEGMENT_DECODED:
+            raise StoreError(f"{path}: declares {md.num_rows} rows, {decoded} bytes decoded; "
+                             f"more than a segment may hold ({MAX_SEGMENT_ROWS} rows, "
+                             f"{MAX_SEGMENT_DECODED} bytes); not read")
+        table = pf.read()
     if table.schema.metadata is None or \
             table.schema.metadata.get(b"reveal") != SEGMENT_FORMAT.encode():
         raise ValueError("not a reveal segment (schema metadata 'reveal' missing)")
@@ -276,6 +383,11 @@ def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     vals = table.column("value").to_numpy()
     sample_code = dictionary.index(SAMPLE_CHANNEL)
     is_tick = codes == sample_code
+    n_ticks = int(np.count_nonzero(is_tick))
+    if n_ticks * max(1, len(names)) > MAX_SEGMENT_CELLS:
+        raise StoreError(f"{path}: {n_ticks} samples x {len(names)} channels would expand to "
+                         f"{n_ticks * len(names)} values, more than the {MAX_SEGMENT_CELLS} a "
+                         "segment may hold (REVEAL_MAX_SEGMENT_CELLS); not read")
     grid = t_ms[is_tick]
     t = vals[is_tick]
     col_of = {name: j for j, name in enumerate(names)}
