@@ -10,6 +10,7 @@ as root; an ordinary user may load whatever they own.
 """
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import stat
@@ -57,6 +58,55 @@ def require_trusted(path: str, what: str) -> None:
     if why:
         raise UntrustedPath(f"{what} {path}: refused as root: {why}; make it root-owned and "
                             "not group/other-writable (chown root; chmod go-w)")
+
+
+def read_trusted(path: str, what: str, max_bytes: int = 4 << 20) -> bytes:
+    """The content of ``path``; as root only if the file fails nothing in the rule.
+
+    Opened first, judged after: the descriptor's file must be a regular root-owned file not
+    group/other-writable, and the path it is reachable by now (``/proc/self/fd``) must pass
+    :func:`untrusted_reason` and still lead to that same file.  Checking a path and then
+    opening it would let a symlink re-pointed in between (in sticky ``/tmp``) choose the file.
+    Raises FileNotFoundError when absent, :class:`UntrustedPath` when refused."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISDIR(st.st_mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        if os.geteuid() == 0:
+            why = None
+            if st.st_uid != 0:
+                why = f"{path} is owned by {_who(st.st_uid)}, not root"
+            elif st.st_mode & 0o022:
+                why = (f"{path} is writable by group or others "
+                       f"(mode {stat.S_IMODE(st.st_mode):04o})")
+            else:
+                try:
+                    real = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    real = os.path.realpath(path)
+                why = untrusted_reason(real)
+                if why is None:
+                    try:
+                        now = os.lstat(real)
+                        same = (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
+                    except OSError:
+                        same = False
+                    if not same:
+                        why = f"{real} changed while it was being opened"
+            if why:
+                raise UntrustedPath(f"{what} {path}: refused as root: {why}; make it "
+                                    "root-owned and not group/other-writable "
+                                    "(chown root; chmod go-w)")
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{st.st_size} bytes, more than the {max_bytes} a "
+                          f"{what} may hold")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(max_bytes + 1)[:max_bytes]
+    finally:
+        os.close(fd)
 
 
 def module_files(module: str) -> list[str]:

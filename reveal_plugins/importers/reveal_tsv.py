@@ -216,7 +216,8 @@ def import_file(path: str, out_dir: str, job_id: str | None = None, user: str | 
     order = np.argsort(t, kind="stable")
     t, V = t[order], V[order]
     names, deltas, notes = channel_names(cols)
-    stem = re.sub(r"\.(tsv|txt|csv)(\.gz)?$", "", os.path.basename(path))
+    # one safe path component below --out ("...tsv" would otherwise give "..")
+    stem = re.sub(r"\.(tsv|txt|csv)(\.gz)?$", "", os.path.basename(path)).lstrip(".") or "run"
     dt = np.diff(t)
     interval = float(np.median(dt[dt > 0])) if (dt > 0).any() else 0.1
     written = []

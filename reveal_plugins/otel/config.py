@@ -264,11 +264,11 @@ def read_file_section(path: str) -> dict[str, Any]:
         import tomllib
     except ImportError:  # Python 3.10
         import tomli as tomllib  # type: ignore[no-redef]
-    from ..trust import UntrustedPath, require_trusted
+    from ..trust import UntrustedPath, read_trusted
     try:
-        require_trusted(path, "configuration file")
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
+        data = tomllib.loads(read_trusted(path, "configuration file").decode("utf-8"))
+    except UnicodeDecodeError as e:
+        raise OtelConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except UntrustedPath as e:
         raise OtelConfigError(str(e)) from None
     except OSError as e:

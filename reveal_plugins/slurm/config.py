@@ -94,12 +94,9 @@ def load_config(path: str | None = None) -> SlurmConfig:
     """Load the hook configuration (see the module docstring for which file)."""
     explicit = path or os.environ.get("REVEAL_SLURM_CONFIG")
     path = explicit or DEFAULT_CONFIG
-    from ..trust import UntrustedPath, require_trusted
+    from ..trust import UntrustedPath, read_trusted
     try:
-        if os.path.exists(path):
-            require_trusted(path, "configuration file")
-        with open(path, "rb") as f:
-            raw = f.read()
+        raw = read_trusted(path, "configuration file")
     except FileNotFoundError:
         if not explicit:
             return SlurmConfig()

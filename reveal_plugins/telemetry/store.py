@@ -199,7 +199,7 @@ def last_activity(run_dir: str, meta: dict[str, Any] | None = None) -> float:
 
 
 def append_event(run_dir: str, event: str, t: float | None = None, **fields: Any) -> dict:
-    """Append one lifecycle event to ``events.jsonl`` (one write, so lines never interleave).
+    """Append one lifecycle event to ``events.jsonl`` (whole lines only, see _append_line).
 
     Not fsynced (events can come many a second); a crash may lose the last lines, which
     :func:`read_events` then skips if cut short."""
@@ -212,10 +212,32 @@ def append_event(run_dir: str, event: str, t: float | None = None, **fields: Any
     finally:
         os.close(dfd)
     try:
-        os.write(fd, line)
+        _append_line(fd, line, os.path.join(run_dir, EVENTS))
     finally:
         os.close(fd)
     return rec
+
+
+def _append_line(fd: int, line: bytes, path: str) -> None:
+    """Write all of ``line`` at the end of the file, or none of it: a short write (a disk
+    filling up) is continued, and when the rest cannot be written the file is cut back to
+    where the line began, so the next event never lands glued to a torn line (the agent is
+    the file's only writer)."""
+    start = os.fstat(fd).st_size
+    done = 0
+    try:
+        while done < len(line):
+            n = os.write(fd, line[done:])
+            if n <= 0:
+                raise OSError(errno.EIO, f"{path}: write returned {n}")
+            done += n
+    except BaseException:
+        if done:
+            try:
+                os.ftruncate(fd, start)
+            except OSError as e:
+                log.error("%s: cannot remove a torn event line: %s", path, e)
+        raise
 
 
 def read_events(run_dir: str, warnings: list[str] | None = None) -> list[dict[str, Any]]:
