@@ -128,15 +128,33 @@ def _registration_pending(spool: str, run_id: str) -> bool:
     return pending.registration_queued(spool, run_id, (0,))
 
 
+def _is_agent(pid: str, proc: str = "/proc") -> bool:
+    """True when ``pid`` is an agent a root hook started: root's (every uid 0 in
+    ``/proc/PID/status``) and running the agent module.  A command line alone proves
+    nothing: any user can ``exec -a`` one containing the module name, and the PID a hook
+    recorded may have been reused by anyone's process since."""
+    if not pid.isdigit():
+        return False
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            uids = next((ln.split()[1:] for ln in f.read(4096).splitlines()
+                         if ln.startswith(b"Uid:")), [])
+        if len(uids) != 4 or any(u != b"0" for u in uids):
+            return False
+        with open(f"{proc}/{pid}/cmdline", "rb") as f:
+            return b"reveal_plugins.telemetry.agent" in f.read(4096)
+    except OSError:
+        return False
+
+
 def _agent_starting(spool: str) -> bool:
     """True when the agent a hook started for ``spool`` is alive (but not answering yet)."""
     try:
         with open(os.path.join(spool, ".agent-starter")) as f:
-            pid = f.read().strip()
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return b"reveal_plugins.telemetry.agent" in f.read()
+            pid = f.read(64).strip()
     except (OSError, ValueError):
         return False
+    return _is_agent(pid)
 
 
 def start_agent_detached(spool: str, interval_s: float) -> int | None:
@@ -151,14 +169,8 @@ def start_agent_detached(spool: str, interval_s: float) -> int | None:
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         old = os.read(fd, 64).decode(errors="replace").strip()
-        if old.isdigit():
-            try:
-                os.kill(int(old), 0)
-                with open(f"/proc/{old}/cmdline", "rb") as f:
-                    if b"reveal_plugins.telemetry.agent" in f.read():
-                        return None
-            except OSError:
-                pass
+        if _is_agent(old):
+            return None
         try:
             logf = os.open(os.path.join(spool, "agent.log"),
                            os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o640)
@@ -267,8 +279,16 @@ def prolog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     try:
         reply = agent_request(sock, req, _remaining(deadline) * 0.8)
     except AgentBusy as e:
-        log("prolog", "WARNING", f"{e}; the agent registers the job when it gets to it",
-            run["job_id"])
+        if e.sent:
+            log("prolog", "WARNING", f"{e}; the registration reached the agent (delivered, no "
+                                     "reply yet): it registers the job when it gets to it",
+                run["job_id"])
+            return
+        # Nothing reached the agent (full backlog): queued, or the job is never recorded.
+        path = "by the SPANK plugin" if env.get("REVEAL_SPANK_QUEUED") else \
+            queue_pending(spool, req)
+        log("prolog", "WARNING", f"{e}; queued the registration ({path}): the agent takes it "
+                                 "from its queue", run["job_id"])
         return
     except AgentUnreachable as e:
         pid = start_agent_detached(spool, cfg.interval_s)
@@ -301,6 +321,11 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
             if by_spank == "unreachable":
                 raise AgentUnreachable(f"agent socket {spool}/agent.sock: no answer to the "
                                           "SPANK plugin's unregister")
+            if by_spank in ("sent", "busy"):     # written, no reply / backlog full at connect
+                raise AgentBusy(f"agent socket {spool}/agent.sock: the SPANK plugin's "
+                                "unregister " + ("was written, no reply" if by_spank == "sent"
+                                                 else "found the agent busy at connect"),
+                                sent=by_spank == "sent")
             if reply is None:
                 reply = {"ok": False, "error": "run_id is not registered" if by_spank == "notreg"
                          else "refused (see the slurmd log)"}
@@ -321,7 +346,16 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
                                    f"{reply.get('error')}", job)
     except AgentBusy as e:
         wait_closed = True
-        log("epilog", "WARNING", f"{e}; the analysis waits for the agent to close the run", job)
+        if e.sent:
+            log("epilog", "WARNING", f"{e}; the unregister reached the agent (delivered, no "
+                                     "reply yet): the analysis waits for it to close the run",
+                job)
+        else:
+            # Nothing reached the agent (full backlog): queue the unregister, or no one ever
+            # asks it to close the run and it samples a finished job.
+            path = queue_pending(spool, req)
+            log("epilog", "WARNING", f"{e}; queued the unregister ({path}): the analysis waits "
+                                     "for the agent to take it and close the run", job)
     except AgentUnreachable as e:
         if _agent_starting(spool):
             # Cold start: the agent is still coming up with this job's queued registration.

@@ -22,7 +22,16 @@ class AgentUnreachable(AgentError):
 
 class AgentBusy(AgentError):
     """An agent is there but did not take or answer the request in time (full backlog, slow
-    reply); unlike :class:`AgentUnreachable`, starting another agent would be wrong."""
+    reply); unlike :class:`AgentUnreachable`, starting another agent would be wrong.
+
+    ``sent`` tells the two apart: False when nothing reached the agent (its backlog was full
+    at connect, or the request could not be written whole) -- the caller must queue the
+    request (:func:`queue_request`) or it is lost; True when the whole request was written
+    and only the reply is missing -- the agent acts on it, queueing it again would repeat it."""
+
+    def __init__(self, msg: str, sent: bool = True):
+        super().__init__(msg)
+        self.sent = sent
 
 
 # A connect() that fails with these means an agent exists but cannot take us right now.
@@ -44,11 +53,12 @@ class AgentClient:
             s.connect(self.socket_path)
         except OSError as e:
             s.close()
-            kind = AgentBusy if (isinstance(e, socket.timeout) or e.errno in _BUSY_ERRNOS) \
-                else AgentUnreachable
-            raise kind(f"agent socket {self.socket_path} "
-                       f"{'busy' if kind is AgentBusy else 'unreachable'}: "
-                       f"{e.strerror or type(e).__name__}") from None
+            why = e.strerror or type(e).__name__
+            if isinstance(e, socket.timeout) or e.errno in _BUSY_ERRNOS:
+                raise AgentBusy(f"agent socket {self.socket_path} busy at connect ({why}): "
+                                "nothing was sent", sent=False) from None
+            raise AgentUnreachable(f"agent socket {self.socket_path} unreachable: "
+                                   f"{why}") from None
         return s
 
     def batch(self, reqs: list[dict[str, Any]], timeout: float | None = None
@@ -59,8 +69,10 @@ class AgentClient:
         deadline = time.monotonic() + timeout
         s = self._connect(timeout)
         replies: list[dict[str, Any]] = []
+        sent = False     # the whole request written (the agent acts on it, reply or not)
         try:
             s.sendall(b"".join(protocol.encode({"v": protocol.VERSION, **r}) for r in reqs))
+            sent = True
             buf = b""
             while len(replies) < len(reqs):
                 nl = buf.find(b"\n")
@@ -76,18 +88,26 @@ class AgentClient:
                     raise socket.timeout()
                 s.settimeout(left)
                 chunk = s.recv(65536)
-                if not chunk:
+                if not chunk:   # closed unanswered: it did not take (all of) the request
                     raise AgentBusy(f"agent socket {self.socket_path} closed the connection after "
-                                    f"{len(replies)} of {len(reqs)} replies")
+                                    f"{len(replies)} of {len(reqs)} replies",
+                                    sent=bool(replies))
                 buf += chunk
         except socket.timeout:
+            if not sent:
+                raise AgentBusy(f"agent socket {self.socket_path}: the request could not be "
+                                f"written within {timeout:.2f} s (nothing was sent)",
+                                sent=False) from None
             raise AgentBusy(f"agent socket {self.socket_path}: no reply within {timeout:.2f} s "
                             "(the request was sent)") from None
         except protocol.ProtocolError as e:
             raise AgentBusy(f"agent socket {self.socket_path} sent an invalid reply: {e}") from None
         except OSError as e:
+            # reset before any reply: the agent dropped the connection, it did not take it
+            taken = sent and (bool(replies) or e.errno not in (errno.ECONNRESET, errno.EPIPE))
             raise AgentBusy(f"agent socket {self.socket_path}: "
-                            f"{e.strerror or type(e).__name__}") from None
+                            f"{e.strerror or type(e).__name__}"
+                            + ("" if taken else " (not taken by the agent)"), sent=taken) from None
         finally:
             s.close()
         return replies

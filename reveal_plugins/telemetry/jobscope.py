@@ -9,9 +9,14 @@ go, and Slurm creates the job's cgroup only when the first step starts):
    ``jobacct_gather/cgroup``), its counters are read; where only ``proctrack/cgroup``'s freezer
    does, its member PIDs (``cgroup.procs`` of the job and its steps) are the process set;
 2. cgroup v2 (Slurm >= 22.05 ``cgroup/v2``): ``<root>/system.slice/slurmstepd.scope/job_<id>``
-   (or any ``.../job_<id>`` under a ``slurmstepd.scope``);
+   (or ``system.slice/<node>_slurmstepd.scope``: multiple-slurmd); only these fixed roots,
+   never a search (users may create cgroups under their delegated ``user@UID.service``);
 3. without cgroups (``proctrack/linuxproc``, ``pgid``): the process trees of the job's
-   ``slurmstepd: [<id>.<step>]`` processes, found in ``/proc``.
+   ``slurmstepd: [<id>.<step>]`` processes, found in ``/proc`` -- root's ``slurmstepd``
+   executables only (a user can ``exec -a`` that command line).
+
+The walk of a job's cgroup tree is bounded (depth and cgroups read: the job may create
+sub-cgroups where Slurm delegates them).
 
 The channel set is fixed when the run registers (segments have a fixed schema): the job's CPU
 time (user, system), memory (anonymous/resident and charged), block I/O bytes, read/write
@@ -52,16 +57,26 @@ _TREE_MAP = {"memory.run.rss": ("memory.run.anon", "memory.run.usage")}
 
 
 def job_cgroups(job_id: str, uid: int | None, root: str = "/sys/fs/cgroup") -> list[str]:
-    """Directories of the job's cgroup (one per v1 hierarchy, or the v2 one)."""
+    """Directories of the job's cgroup (one per v1 hierarchy, or the v2 one).
+
+    Only Slurm's own roots are read, at fixed depths: ``<ctrl>/slurm*/uid_<uid>/job_<id>``
+    (v1) and ``system.slice/[<node>_]slurmstepd.scope/job_<id>`` (v2).  Never a recursive
+    search: a user may create cgroups of any name under a delegated ``user@UID.service``, and
+    a ``.../slurmstepd.scope/job_<id>`` there must not pass for the job's accounting."""
     job = f"job_{job_id}"
     uids = [f"uid_{uid}"] if uid is not None else ["uid_*"]
     out: list[str] = []
     for u in uids:
-        out += glob.glob(os.path.join(root, "*", "slurm*", u, job))
+        out += [d for d in glob.glob(os.path.join(root, "*", "slurm*", u, job))
+                if not os.path.relpath(d, root).startswith(_V2_NOT_SLURM)]
     if not out:
         out = glob.glob(os.path.join(root, "system.slice", "slurmstepd.scope", job)) or \
-            glob.glob(os.path.join(root, "**", "slurmstepd.scope", job), recursive=True)
+            glob.glob(os.path.join(root, "system.slice", "*_slurmstepd.scope", job))
     return sorted(d for d in out if os.path.isdir(d) and not os.path.islink(d))
+
+
+#: v2 top-level cgroups that are not Slurm's (a v1 glob ``*/slurm*`` must not enter them)
+_V2_NOT_SLURM = ("user.slice", "system.slice", "init.scope", "machine.slice")
 
 
 #: v1 controllers whose files account for CPU, memory or I/O
@@ -76,22 +91,67 @@ def _accounting(d: str, root: str) -> bool:
     return any(c in _ACCOUNTING for c in rel[0].split(","))
 
 
-def cgroup_members(d: str, limit: int = 4096) -> list[int]:
-    """PIDs in a cgroup and its children (v1 lists a task only in its own cgroup)."""
+#: bounds of one walk of a job's cgroup (it runs every rescan, under the agent's lock):
+#: Slurm's tree is job/step/task (v1) or job/step/user|slurm/task (v2)
+MAX_CGROUP_DEPTH = 4
+MAX_CGROUP_DIRS = 512
+
+
+def cgroup_members(d: str, limit: int = 4096, max_depth: int = MAX_CGROUP_DEPTH,
+                   max_dirs: int = MAX_CGROUP_DIRS) -> list[int]:
+    """PIDs in a cgroup and its children (v1 lists a task only in its own cgroup); at most
+    ``max_dirs`` cgroups down to ``max_depth`` levels below ``d`` are read."""
     out: list[int] = []
+    seen = 0
     for base, dirs, files in os.walk(d, followlinks=False):
+        seen += 1
+        depth = os.path.relpath(base, d).count(os.sep) + (base != d)
+        if depth >= max_depth:
+            dirs[:] = []           # do not descend further
         try:
             with open(os.path.join(base, "cgroup.procs"), "rb") as f:
-                out += [int(x) for x in f.read().split()]
+                out += [int(x) for x in f.read(1 << 20).split()]
         except (OSError, ValueError):
             pass
-        if len(out) >= limit:
+        if len(out) >= limit or seen >= max_dirs:
             break
     return sorted(set(out))[:limit]
 
 
+def _status(proc: str, pid: str) -> dict[str, str]:
+    """Name, Uid and PPid of ``/proc/<pid>/status`` (empty when unreadable)."""
+    out: dict[str, str] = {}
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as f:
+            for line in f.read(4096).decode(errors="replace").splitlines():
+                k, _, v = line.partition(":")
+                if k in ("Name", "Uid", "PPid"):
+                    out[k] = v.strip()
+    except OSError:
+        pass
+    return out
+
+
+def _root(st: dict[str, str]) -> bool:
+    """Real, effective, saved and filesystem uids all 0."""
+    uids = st.get("Uid", "").split()
+    return len(uids) == 4 and all(u == "0" for u in uids)
+
+
+def _is_slurmstepd(proc: str, pid: str) -> bool:
+    """A real slurmstepd: root's (all uids 0), the ``slurmstepd`` executable (``Name``, which
+    ``exec -a`` does not change), and a root parent -- slurmd, another slurmstepd, or the
+    init/subreaper slurmd's double fork leaves it to."""
+    st = _status(proc, pid)
+    if not _root(st) or st.get("Name") != "slurmstepd":
+        return False
+    ppid = st.get("PPid", "")
+    return ppid == "0" or (ppid.isdigit() and _root(_status(proc, ppid)))
+
+
 def slurmstepd_pids(job_id: str, proc: str = "/proc") -> list[int]:
-    """PIDs of the job's ``slurmstepd: [<id>.<step>]`` processes."""
+    """PIDs of the job's ``slurmstepd: [<id>.<step>]`` processes (root's only: any user can
+    ``exec -a 'slurmstepd: [<id>.0]'``)."""
     want = f"slurmstepd: [{job_id}.".encode()
     out = []
     for d in os.listdir(proc):
@@ -99,7 +159,7 @@ def slurmstepd_pids(job_id: str, proc: str = "/proc") -> list[int]:
             continue
         try:
             with open(f"{proc}/{d}/cmdline", "rb") as f:
-                if f.read(256).startswith(want):
+                if f.read(256).startswith(want) and _is_slurmstepd(proc, d):
                     out.append(int(d))
         except OSError:
             pass

@@ -223,8 +223,14 @@ static int queue_pending(const char *json)
 	return 0;
 }
 
-/* Send one request; return 0 if the agent answered ok, 1 if it refused, -1 if unreachable.
+/* Send one request; return 0 if the agent answered ok, 1 if it refused, -1 if unreachable,
+ * AGENT_BUSY if its backlog was full at connect (or the request could not be written whole,
+ * or it closed the connection unanswered: it did not take it, queue it), AGENT_SENT if the
+ * whole request was written and the read timed out (it reached the agent: delivered, it is
+ * still working on it; never queue it again).
  * reply (may be NULL) receives the reply line. */
+#define AGENT_BUSY (-3)
+#define AGENT_SENT (-2)
 static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 {
 	struct sockaddr_un addr;
@@ -243,15 +249,22 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 		return -1;
 	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-	if (connect(fd, (struct sockaddr *) &addr, sizeof(addr)) < 0 ||
-	    write(fd, json, n) != (ssize_t) n) {
+	if (connect(fd, (struct sockaddr *) &addr, sizeof(addr)) < 0) {
+		int busy = errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT;
 		close(fd);
-		return -1;
+		return busy ? AGENT_BUSY : -1;
 	}
+	if (write(fd, json, n) != (ssize_t) n) {
+		close(fd);
+		return AGENT_BUSY;
+	}
+	int closed = 0;      /* the agent closed without a reply: it did not take the request */
 	while (got < sizeof(buf) - 1) {
 		ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
-		if (r <= 0)
+		if (r <= 0) {   /* a timeout (EAGAIN) is an agent still at work; EOF/reset not */
+			closed = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
 			break;
+		}
 		got += (size_t) r;
 		if (memchr(buf, '\n', got))
 			break;
@@ -261,7 +274,7 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 	if (reply)
 		snprintf(reply, rlen, "%s", buf);
 	if (got == 0)
-		return -1;
+		return closed ? AGENT_BUSY : AGENT_SENT;
 	return (strstr(buf, "\"ok\": true") || strstr(buf, "\"ok\":true")) ? 0 : 1;
 }
 
@@ -284,7 +297,12 @@ static void send_event(const char *event, const char *extra)
 	rc = agent_send(json, reply, sizeof(reply));
 	if (rc == 0)
 		return;
-	/* Agent still starting (Prolog queued the registration): queue behind it. */
+	if (rc == AGENT_SENT) {
+		slurm_debug("reveal: %s of step %u.%s delivered (no reply in time)", event, job_id,
+			    step_name);
+		return;
+	}
+	/* Agent still starting (Prolog queued the registration) or busy: queue behind it. */
 	if (rc < 0 || (strcmp(event, "step_start") == 0 && strstr(reply, "not registered"))) {
 		if (queue_pending(json) == 0) {
 			slurm_debug("reveal: agent at %s/agent.sock not ready; %s of step %u.%s "
@@ -293,7 +311,7 @@ static void send_event(const char *event, const char *extra)
 		}
 	}
 	slurm_info("reveal: %s of step %u.%s not recorded: %s", event, job_id, step_name,
-		   rc < 0 ? "agent unreachable" : reply);
+		   rc < 0 ? "agent unreachable or busy" : reply);
 }
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
@@ -614,9 +632,12 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	rc = agent_send(json, reply, sizeof(reply));
 	if (rc > 0)
 		slurm_error("reveal: agent refused job %u: %s", jid, reply);
+	else if (rc == AGENT_SENT)
+		slurm_info("reveal: registration of job %u delivered to the agent (no reply in "
+			   "time)", jid);
 	else if (rc < 0) {
-		/* No agent (or no answer): queue the registration now, so that it precedes the
-		 * step events, and let the Python prolog start an agent. */
+		/* No agent, or busy at connect (nothing sent): queue the registration now, so
+		 * that it precedes the step events, and let the Python prolog start an agent. */
 		int queued = queue_pending(json) == 0;
 		spawn_hook("prolog", queued ? "queued" : NULL);
 	}
@@ -642,7 +663,8 @@ int slurm_spank_job_epilog(spank_t sp, int ac, char **av)
 		 ecbuf);
 	/* The agent flushes the last segment before it answers: allow it a little longer. */
 	rc = agent_send_t(json, reply, sizeof(reply), timeout_ms * 2);
-	spawn_hook("epilog", rc == 0 ? "ok" : rc < 0 ? "unreachable" :
+	spawn_hook("epilog", rc == 0 ? "ok" : rc == AGENT_SENT ? "sent" :
+		   rc == AGENT_BUSY ? "busy" : rc < 0 ? "unreachable" :
 		   strstr(reply, "not registered") ? "notreg" : "refused");
 	record_timing("epilog", jid);
 	return 0;
