@@ -133,15 +133,16 @@ def _status(proc: str, pid: str) -> dict[str, str]:
 
 
 def _root(st: dict[str, str]) -> bool:
-    """Real, effective, saved and filesystem uids all 0."""
+    """Root's process: real and saved uid 0 (slurmstepd drops its effective uid to the job
+    user's for moments -- seteuid keeps the other two; no user process has either)."""
     uids = st.get("Uid", "").split()
-    return len(uids) == 4 and all(u == "0" for u in uids)
+    return len(uids) == 4 and uids[0] == "0" and uids[2] == "0"
 
 
 def _is_slurmstepd(proc: str, pid: str) -> bool:
-    """A real slurmstepd: root's (all uids 0), the ``slurmstepd`` executable (``Name``, which
-    ``exec -a`` does not change), and a root parent -- slurmd, another slurmstepd, or the
-    init/subreaper slurmd's double fork leaves it to."""
+    """A real slurmstepd: root's (real and saved uid 0), the ``slurmstepd`` executable
+    (``Name``, which ``exec -a`` does not change), and a root parent -- slurmd, another
+    slurmstepd, or the init/subreaper slurmd's double fork leaves it to."""
     st = _status(proc, pid)
     if not _root(st) or st.get("Name") != "slurmstepd":
         return False
