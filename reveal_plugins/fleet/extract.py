@@ -32,7 +32,7 @@ _GENERIC_NAMES = {"", "bash", "sh", "interactive", "wrap", "sbatch", "script", "
 
 def run_key(run_dir: str) -> str:
     """Stable identity of a run in the index: its absolute path (a copy is another run)."""
-    return hashlib.sha1(os.path.abspath(run_dir).encode()).hexdigest()[:16]
+    return hashlib.sha1(os.path.abspath(run_dir).encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 def signature(run_dir: str) -> str:

@@ -63,7 +63,7 @@ def install(directory: str, env: dict[str, str], python: str | None = None) -> l
         tmp = path + ".tmp"
         with open(tmp, "w") as f:
             f.write(script(hook, env, python))
-        os.chmod(tmp, 0o755)
+        os.chmod(tmp, 0o755)  # nosec B103  # a hook script slurmd executes; root-owned, not writable by others
         os.replace(tmp, path)
         out.append(path)
     return out

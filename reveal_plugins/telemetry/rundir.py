@@ -137,7 +137,7 @@ def _private_group(uid: int, gid: int) -> bool:
 def _grant(fd: int, path: str, uid: int, gid: int | None, default: bool) -> str:
     """Give ``uid`` read access to the directory open at ``fd``; return how ('acl', ...)."""
     os.fchown(fd, 0, 0)
-    os.fchmod(fd, 0o750)
+    os.fchmod(fd, 0o750)  # nosec B103  # root-owned, group 0; the user is granted by ACL below
     try:
         os.setxattr(fd, _XATTR_ACCESS, _acl(uid))
         if default:
@@ -148,7 +148,7 @@ def _grant(fd: int, path: str, uid: int, gid: int | None, default: bool) -> str:
             raise
     if gid is not None and _private_group(uid, gid):
         os.fchown(fd, 0, gid)
-        os.fchmod(fd, 0o2750)
+        os.fchmod(fd, 0o2750)  # nosec B103  # group proven private to the user (_private_group)
         return "group"
     os.fchmod(fd, 0o700)
     log.warning("%s: the file system has no POSIX ACLs and gid %s is not proven a private "
@@ -272,10 +272,10 @@ def create_run_dir(path: str, uid: int | None = None, gid: int | None = None, *,
                 if user_dir:
                     _grant(nfd, cur, uid, gid, default=depth_from_end == 0)
                 elif depth_from_end == 0:
-                    os.fchmod(nfd, 0o750)
+                    os.fchmod(nfd, 0o750)  # nosec B103  # root:root, no group members but root
                 elif created:
                     # Shared levels (``jobs``): users may traverse to their job, not list others.
-                    os.fchmod(nfd, 0o711)
+                    os.fchmod(nfd, 0o711)  # nosec B103  # traverse only, no listing of other jobs
             except BaseException:
                 if nfd >= 0:
                     os.close(nfd)
