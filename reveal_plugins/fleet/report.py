@@ -5,6 +5,7 @@ findings.  The HTML page is self-contained (matplotlib -> inline SVG, the per-ru
 style)."""
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from typing import Any
@@ -101,29 +102,39 @@ def _period(s: dict[str, Any]) -> str:
     return f"{_when(s['since'])} -> {_when(s['until'])}"
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def _plain(x: Any) -> str:
+    """User-supplied text (job, workload and node names, hints quoting them) for a terminal:
+    control characters (escape sequences, carriage returns, bidi overrides) shown as \\xNN /
+    \\uNNNN, never interpreted."""
+    return _CONTROL.sub(lambda m: m.group().encode("unicode_escape").decode(), str(x))
+
+
 def format_text(s: dict[str, Any]) -> str:
-    out = [f"Reveal fleet report  {s['fleet']}",
+    out = [f"Reveal fleet report  {_plain(s['fleet'])}",
            f"  period    {_period(s)}",
            f"  runs      {s['runs_analysed']} analysed, {s['runs_anomalous']} with anomalies "
            f"({100 * s['fleet_rate']:.1f} %)", ""]
     if s["anomalies_per_subsystem"]:
         out.append("Anomalies per subsystem: " + ", ".join(
-            f"{k} {v}" for k, v in s["anomalies_per_subsystem"].items()))
+            f"{_plain(k)} {v}" for k, v in s["anomalies_per_subsystem"].items()))
     out += ["", "Worst nodes"]
     for r in s["worst_nodes"]:
-        out.append(f"  {r['node']:<20} {r['anomalous']:>4}/{r['analysed']:<5} runs "
+        out.append(f"  {_plain(r['node']):<20} {r['anomalous']:>4}/{r['analysed']:<5} runs "
                    f"{r['users_affected']}/{r['users']} users  "
-                   f"{r['dominant_subsystem'] or '-':<8}{'  SUSPECT' if r['suspect'] else ''}")
+                   f"{_plain(r['dominant_subsystem'] or '-'):<8}{'  SUSPECT' if r['suspect'] else ''}")
     out += ["", "Worst workloads"]
     for r in s["worst_workloads"]:
-        out.append(f"  {r['workload'][:40]:<40} {r['anomalous']:>4}/{r['analysed']:<5} runs "
+        out.append(f"  {_plain(r['workload'])[:40]:<40} {r['anomalous']:>4}/{r['analysed']:<5} runs "
                    f"({100 * r['rate']:.0f} %)")
     if s["top_findings"]:
         out += ["", "Most frequent findings"]
-        out += [f"  {r['anomalies']:>5}  {r['subsystem']:<8} {r['hint']}"
+        out += [f"  {r['anomalies']:>5}  {_plain(r['subsystem']):<8} {_plain(r['hint'])}"
                 for r in s["top_findings"]]
     if s["suspect_nodes"]:
-        out += ["", "Suggested (not run):"] + [f"  {r['drain_command']}"
+        out += ["", "Suggested (not run):"] + [f"  {_plain(r['drain_command'])}"
                                                  for r in s["suspect_nodes"]]
     return "\n".join(out) + "\n"
 

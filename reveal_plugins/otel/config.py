@@ -38,7 +38,9 @@ class OtelConfigError(ValueError):
 # -- credentials never leave in logs or otel.json ------------------------------------------
 
 REDACTED = "***"
-#: Header (and URL query parameter) names whose values are credentials.
+#: Header (and URL query parameter) names whose values are credentials.  Redaction no longer
+#: depends on it (every header value and every query value is redacted: ``x-honeycomb-team``,
+#: ``?sig=`` are credentials no name list foresees); kept for callers that sort names.
 SENSITIVE_NAME = re.compile(r"auth|token|key|secret|pass|cookie|credential|signature", re.I)
 
 
@@ -47,7 +49,8 @@ def sensitive(name: str) -> bool:
 
 
 def redact_url(url: str) -> str:
-    """``https://user:pass@host/p?api_key=x`` -> ``https://***@host/p?api_key=***``."""
+    """``https://user:pass@host/p?api_key=x&sig=y`` -> ``https://***@host/p?api_key=***&sig=***``:
+    user info and every query value (a bare query item whole), whatever its name."""
     try:
         u = urllib.parse.urlsplit(url)
     except ValueError:
@@ -55,14 +58,14 @@ def redact_url(url: str) -> str:
     netloc = u.netloc
     if "@" in netloc:
         netloc = REDACTED + "@" + netloc.rpartition("@")[2]
-    query = "&".join(
-        (f"{k}={REDACTED}" if sensitive(urllib.parse.unquote_plus(k)) else f"{k}{eq}{x}")
-        for k, eq, x in (p.partition("=") for p in u.query.split("&"))) if u.query else ""
+    query = "&".join((f"{k}={REDACTED}" if eq else REDACTED) if k or eq else ""
+                     for k, eq, x in (p.partition("=") for p in u.query.split("&")))
     return urllib.parse.urlunsplit((u.scheme, netloc, u.path, query, u.fragment))
 
 
 def redact_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: REDACTED if sensitive(k) else v for k, v in headers.items()}
+    """Every value redacted: a header's name does not say whether it carries a credential."""
+    return {k: REDACTED for k in headers}
 
 
 @dataclass
@@ -100,7 +103,7 @@ class OtelConfig:
 
     def secrets(self) -> list[str]:
         """The credential strings of this configuration (URL user info, sensitive query
-        values, sensitive header values), longest first: what :meth:`redact` removes."""
+        values, header values: all of them, whatever their name), longest first: what :meth:`redact` removes."""
         out: set[str] = set()
         for url in (self.endpoint, self.traces_endpoint, self.metrics_endpoint):
             if not url:
@@ -110,10 +113,11 @@ class OtelConfig:
                 info = u.netloc.rpartition("@")[0]
                 user, colon, pw = info.partition(":")
                 out.update((info, pw) if colon else (info,))   # no password: user is a token
-            for k, _, x in (p.partition("=") for p in u.query.split("&")):
-                if x and sensitive(urllib.parse.unquote_plus(k)):
-                    out.add(x)
-        out.update(v for k, v in self.headers.items() if v and sensitive(k))
+            for k, eq, x in (p.partition("=") for p in u.query.split("&")):
+                out.add(x if eq else k)
+            if u.query:
+                out.add(u.query)
+        out.update(v for v in self.headers.values() if v)
         out |= {urllib.parse.unquote(x) for x in out} | {urllib.parse.quote(x) for x in out}
         out.update(p for v in list(out) for p in v.split() if len(p) >= 8)   # "Bearer <tok>"
         return sorted((x for x in out if len(x) >= 3), key=len, reverse=True)

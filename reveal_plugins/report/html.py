@@ -32,7 +32,10 @@ COLORS = {"cpu": "#d62728", "memory": "#9467bd", "storage": "#8c564b", "network"
 # Text stays text in the SVG (not glyph outlines): smaller, selectable, searchable.
 RC = {"svg.fonttype": "none", "font.size": 9, "axes.titlesize": 9, "axes.spines.top": False,
       "axes.spines.right": False, "path.simplify": True, "svg.hashsalt": "reveal",
-      "font.family": "DejaVu Sans"}
+      "font.family": "DejaVu Sans",
+      # Job names, notes and workload names are user text: a '$' must not start mathtext
+      # (a job named '$\\foo$' aborted the figure, and the whole report with it).
+      "text.parse_math": False}
 CSP = ("default-src 'none'; style-src 'unsafe-inline'; img-src data:; "
        "base-uri 'none'; form-action 'none'")
 
@@ -366,7 +369,7 @@ def _hints(rep: dict) -> str:
         sev = h.get("severity", "info")
         refs = ", ".join(f"<a href='#anomaly-{n}'>#{n}</a>" for n in nums)
         items.append(
-            f"<li class={esc(sev)}><div><span class=sev>{esc(sev.upper())}</span>"
+            f"<li class='{esc(sev)}'><div><span class=sev>{esc(sev.upper())}</span>"
             f"<b>{esc(h.get('title'))}</b> <span class='muted small'>({refs})</span></div>"
             + (f"<div class=hint-why>{esc(h.get('why'))}</div>" if h.get("why") else "")
             + f"<div class=hint-do><b>Do:</b> {_code_spans(h.get('action', ''))}</div></li>")

@@ -32,11 +32,29 @@ def encode(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, default=str, separators=(",", ":")) + "\n").encode()
 
 
+def _finite(text: str) -> float:
+    v = float(text)
+    if v != v or v in (float("inf"), float("-inf")):
+        raise ValueError(f"number {text[:40]} out of range")
+    return v
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not standard JSON")
+
+
 def decode(line: bytes, what: str = "request") -> dict[str, Any]:
+    """One message.  Raises only :class:`ProtocolError`: on anything not JSON (also nesting too
+    deep for the parser, integers too long to convert); a request also on NaN/Infinity or a
+    number that only fits as infinity (what the agent accepts is standard JSON, and so are the
+    meta.json and events.jsonl it writes from it)."""
     try:
-        obj = json.loads(line)
+        obj = (json.loads(line, parse_float=_finite, parse_constant=_no_constant)
+               if what == "request" else json.loads(line))
+    except RecursionError:
+        raise ProtocolError(f"{what} is not JSON: nested too deeply") from None
     except ValueError as e:
-        raise ProtocolError(f"{what} is not JSON: {e}") from None
+        raise ProtocolError(f"{what} is not JSON: {str(e)[:200]}") from None
     if not isinstance(obj, dict):
         raise ProtocolError(f"{what} must be a JSON object, not {type(obj).__name__}")
     v = obj.get("v", VERSION)

@@ -3,6 +3,7 @@ within the run's limits, closing it, and adopting the runs a dead agent left ope
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import time
@@ -19,6 +20,18 @@ from .runstate import RunState, _create_run_dir
 
 log = logging.getLogger("reveal.agent")
 
+
+
+def _finite_or_none(t: Any) -> bool:
+    """An event's ``t``: None (now) or a finite number (meta.json stays standard JSON)."""
+    if t is None:
+        return True
+    if isinstance(t, bool) or not isinstance(t, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(t))
+    except OverflowError:
+        return False
 
 class RunRegistry:
     """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the registered runs."""
@@ -246,7 +259,11 @@ class RunRegistry:
             sid = str(fields.get("step_id"))
             s = st.steps.setdefault(sid, {"step_id": sid, "start": st.start, "end": None,
                                           "exit_code": None})
-            s["end"], s["exit_code"] = rec["t"], fields.get("exit_code")
+            code = fields.get("exit_code")
+            # meta.json keeps every step: an exit code is a small integer or nothing
+            s["end"], s["exit_code"] = rec["t"], (code if isinstance(code, int) and
+                                                  not isinstance(code, bool) and
+                                                  -2**31 <= code < 2**32 else None)
         if event == "pids" and isinstance(fields.get("pids"), list):
             for p in st.probes:
                 if hasattr(p, "add_pids"):
@@ -273,9 +290,12 @@ class RunRegistry:
                 raise KeyError(f"run_id {run_id!r} is not registered")
             size = len(protocol.encode(fields)) + len(event) + 32
             lim = self.limits
-            new_step = event in ("step_start", "step_end") and \
-                str(fields.get("step_id")) not in st.steps
-            why = ("event larger than %d bytes" % lim.event_bytes if size > lim.event_bytes
+            is_step = event in ("step_start", "step_end")
+            new_step = is_step and str(fields.get("step_id")) not in st.steps
+            why = ("t is not a finite number" if not _finite_or_none(t)
+                   else "a step id longer than %d characters" % lim.step_id_chars
+                   if is_step and len(str(fields.get("step_id"))) > lim.step_id_chars
+                   else "event larger than %d bytes" % lim.event_bytes if size > lim.event_bytes
                    else "more than %d events" % lim.events if st.events_written >= lim.events
                    else "events.jsonl over %d bytes" % lim.events_total_bytes
                    if st.events_bytes + size > lim.events_total_bytes

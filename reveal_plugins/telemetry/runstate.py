@@ -20,6 +20,7 @@ class RunLimits:
     events: int = 100_000                 # events per run
     events_total_bytes: int = 64 << 20    # events.jsonl per run
     steps: int = 1024                     # distinct step ids per run
+    step_id_chars: int = 128              # one step id (meta.json keeps every step)
 
 
 def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:

@@ -133,6 +133,8 @@ def parse_json(data: bytes, path: str) -> Any:
         raise StoreError(f"{path}: invalid JSON (not UTF-8: {e.reason})") from None
     except json.JSONDecodeError as e:
         raise StoreError(f"{path}: invalid JSON at line {e.lineno}: {e.msg}") from None
+    except ValueError as e:  # an integer too long to convert (int_max_str_digits)
+        raise StoreError(f"{path}: invalid JSON ({str(e)[:120]})") from None
 
 
 def write_meta(run_dir: str, meta: dict[str, Any]) -> None:
@@ -259,7 +261,7 @@ def read_events(run_dir: str, warnings: list[str] | None = None) -> list[dict[st
         try:
             rec = json.loads(line)
             float(rec["t"])
-        except (ValueError, KeyError, TypeError, RecursionError) as e:
+        except (ValueError, KeyError, TypeError, RecursionError, OverflowError) as e:
             msg = f"{path}:{n}: skipped invalid event line ({type(e).__name__}: {e})"
             log.warning(msg)
             if warnings is not None:
@@ -488,12 +490,40 @@ def fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMet
         col[~ok & (interior | after)] = filled[~ok & (interior | after)]
 
 
+def _positive(v: Any) -> float | None:
+    """A finite number > 0 from what a meta.json says, else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        v = float(v)
+    except OverflowError:
+        return None
+    return v if 0 < v < float("inf") else None
+
+
+def _channels(meta: dict[str, Any], path: str) -> list[ChannelMeta]:
+    """The channels a meta.json declares; StoreError when they are not a list of objects with
+    a string name (the file may come from a user-writable run directory)."""
+    raw = meta.get("channels")
+    if not isinstance(raw, list):
+        raise StoreError(f"{path}: 'channels' must be a list, not {type(raw).__name__}")
+    out = []
+    for i, c in enumerate(raw):
+        if not isinstance(c, dict) or not isinstance(c.get("name"), str):
+            raise StoreError(f"{path}: channels[{i}] is not an object with a string 'name'")
+        d = {k: v for k, v in c.items() if k in ("unit", "kind", "probe", "description")
+             and isinstance(v, str)}
+        out.append(ChannelMeta.from_dict(dict(d, name=c["name"],
+                                              sample_every_s=_positive(c.get("sample_every_s")))))
+    return out
+
+
 def load_run(run_dir: str, channels: Iterable[str] | None = None) -> RunData:
     """Load a run directory.  Corrupt segments and leftover temporary files are skipped with a
     warning (recorded in ``RunData.warnings``); a missing ``meta.json`` raises StoreError."""
     meta = read_meta(run_dir)
     warnings: list[str] = []
-    chans = [ChannelMeta.from_dict(c) for c in meta["channels"]]
+    chans = _channels(meta, os.path.join(run_dir, META))
     if channels is not None:
         want = set(channels)
         chans = [c for c in chans if c.name in want]
@@ -529,6 +559,6 @@ def load_run(run_dir: str, channels: Iterable[str] | None = None) -> RunData:
         t, values = t[order], values[order]
     else:
         t, values = np.zeros(0), np.zeros((0, len(names)))
-    fill_slow_channels(t, values, chans, float(meta.get("interval_s") or 0.1))
+    fill_slow_channels(t, values, chans, _positive(meta.get("interval_s")) or 0.1)
     events = read_events(run_dir, warnings)
     return RunData(run_dir, meta, Frame(t, values, chans), events, warnings, nseg, nbytes)
