@@ -104,6 +104,12 @@ def test_root_agent_survives_a_hostile_user(root_agent):
     assert got.get("drip_held_s_max", 0) < protocol.REQUEST_DEADLINE_S + 3, got
     assert got.get("events_sent", 0) > 1000, f"the flood did not run: {got}"
     assert _rss_hwm_mb(proc.pid) < 300, f"agent peak RSS {_rss_hwm_mb(proc.pid):.0f} MB"
+    # The flood's oversized events may be cut at the transport (the request limits) rather
+    # than reach the per-run limit, depending on timing: one more, sent now, must be counted.
+    try:
+        client.event("victim", "note", pad="z" * (RunLimits().event_bytes + 1))
+    except AgentError:
+        pass
     client.unregister("victim", 0)
     limits = RunLimits()
     with open(os.path.join(run_dir, "events.jsonl"), "rb") as f:
@@ -113,7 +119,7 @@ def test_root_agent_survives_a_hostile_user(root_agent):
     assert len(steps) <= limits.steps
     with open(os.path.join(run_dir, "meta.json")) as f:
         meta = json.load(f)
-    assert meta["events_dropped"] > 0 and len(meta["steps"]) <= limits.steps
+    assert meta["events_dropped"] > 0 and len(meta["steps"]) <= limits.steps, (got, {k: meta[k] for k in meta if k.startswith("events")}, len(lines))
     log_size = os.path.getsize(os.path.join(spool, "agent.log"))
     assert log_size < 64 * 1024, f"agent.log grew to {log_size} bytes during the attack"
     assert proc.poll() is None
