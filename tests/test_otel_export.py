@@ -127,7 +127,10 @@ def test_backend_down_costs_at_most_the_budget_and_logs_once(otel_clean_env, run
     caplog.set_level(logging.WARNING, logger="reveal_plugins")
     times = [_timed_sink(run_dir) for _ in range(2)]
     assert max(times) < BUDGET + SLACK, times
-    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # reveal's own warning, once; the gRPC exporter may still log a retry of its own from the
+    # export thread after the budget ended (seen in 1 of 3 runs on a loaded 2-core VM)
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING
+                and r.name.startswith("reveal_plugins")]
     assert len(warnings) == 1, [r.getMessage() for r in warnings]
     msg = warnings[0].getMessage()
     assert otlp_dead_port.split("//")[1] in msg and "reveal otel export" in msg
