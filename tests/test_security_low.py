@@ -16,6 +16,8 @@ import pytest
 from reveal_plugins.telemetry import store
 from reveal_plugins.types import RunInfo
 
+from fixtures_tmpfs import mounted_tmpfs
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -47,19 +49,8 @@ def test_a_failing_pending_queue_does_not_stop_reaping(tmp_path, monkeypatch):
 
 @pytest.fixture
 def tiny_fs():
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    base = tempfile.mkdtemp(prefix="reveal-short-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", base],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.rmdir(base)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs("size=1m", prefix="reveal-short-") as base:
         yield base
-    finally:
-        subprocess.run(["umount", "-l", base], capture_output=True)
-        os.rmdir(base)
 
 
 def test_a_short_write_never_leaves_a_torn_event_line(tiny_fs):

@@ -5,16 +5,15 @@ The full disk is a real one (a 3 MiB tmpfs mounted over the spool) where the tes
 file systems (root); an injected ENOSPC at the ``meta.json`` write covers the rest."""
 import errno
 import os
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
 
 import pytest
 
 from reveal_plugins.telemetry import store
 from reveal_plugins.types import RunInfo
+
+from fixtures_tmpfs import mounted_tmpfs
 
 
 def _agent(spool, **kw):
@@ -45,19 +44,8 @@ def _wait(cond, timeout=10.0):
 
 @pytest.fixture
 def tiny_fs():
-    if os.geteuid() != 0 or shutil.which("mount") is None:
-        pytest.skip("mounting a tmpfs needs root")
-    base = tempfile.mkdtemp(prefix="reveal-full-")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=3m,mode=0755", "tmpfs", base],
-                       capture_output=True, text=True)
-    if r.returncode != 0:
-        os.rmdir(base)
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
-    try:
+    with mounted_tmpfs("size=3m,mode=0755", prefix="reveal-full-") as base:
         yield base
-    finally:
-        subprocess.run(["umount", "-l", base], capture_output=True)
-        os.rmdir(base)
 
 
 def _fill(path):
