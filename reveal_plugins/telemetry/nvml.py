@@ -273,6 +273,7 @@ class _Gpu:
         self.retry_at = 0.0
         self.notes: list[str] = []
         self.legacy_pcie = False
+        self.legacy_pos: list[int] | None = None
         self.sealed = False
 
     # -- declaring ---------------------------------------------------------------------------
@@ -387,12 +388,13 @@ class _LegacyPcie:
             self.stop.wait(self.period_s)
 
     def fill(self, g: _Gpu) -> None:
-        v = self.vals.get(g.index, (NAN, NAN))
-        for name, x in zip(("pcie_tx_rate", "pcie_rx_rate"), v):
-            try:
-                g.out[g.names.index(f"gpu.{g.index}.{name}")] = x
-            except ValueError:
-                pass
+        if g.legacy_pos is None:  # found once: the declared channels never change
+            g.legacy_pos = [g.names.index(f"gpu.{g.index}.{m}") if
+                            f"gpu.{g.index}.{m}" in g.names else -1
+                            for m in ("pcie_tx_rate", "pcie_rx_rate")]
+        for k, x in zip(g.legacy_pos, self.vals.get(g.index, (NAN, NAN))):
+            if k >= 0:
+                g.out[k] = x
 
     def close(self) -> None:
         self.stop.set()
