@@ -44,17 +44,24 @@ def hysteresis(score: np.ndarray, ok: np.ndarray, high: float, low: float) -> np
     """Windows flagged with two thresholds: a run of consecutive windows scoring >= ``low``
     is flagged when at least one of them scores >= ``high`` (the usual double threshold: the
     onset and the tail of an anomaly score lower than its core)."""
-    ext = ok & (score >= low)
     out = np.zeros(len(score), bool)
-    i, n = 0, len(score)
+    for i, j in true_runs(ok & (score >= low)):
+        if (score[i:j] >= high).any():
+            out[i:j] = True
+    return out
+
+
+def true_runs(mask: np.ndarray) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]`` of the runs of consecutive True entries of ``mask``."""
+    out = []
+    i, n = 0, len(mask)
     while i < n:
-        if not ext[i]:
+        if not mask[i]:
             i += 1
             continue
         j = i
-        while j < n and ext[j]:
+        while j < n and mask[j]:
             j += 1
-        if (score[i:j] >= high).any():
-            out[i:j] = True
+        out.append((i, j))
         i = j
     return out

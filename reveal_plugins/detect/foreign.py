@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .events import true_runs
+
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _MiB = 1024.0 * 1024.0
 
@@ -286,17 +288,9 @@ class Foreign:
 def _runs_of(on: np.ndarray, k: int) -> np.ndarray:
     """``on`` where it holds for at least ``k`` consecutive entries."""
     out = np.zeros(len(on), bool)
-    i, n = 0, len(on)
-    while i < n:
-        if not on[i]:
-            i += 1
-            continue
-        j = i
-        while j < n and on[j]:
-            j += 1
+    for i, j in true_runs(on):
         if j - i >= k:
             out[i:j] = True
-        i = j
     return out
 
 
