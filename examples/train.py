@@ -14,7 +14,10 @@ every few steps) so all ranks stop on the same step and no collective is left ha
 ``--instrument`` (or ``REVEAL_ITERATION_MARKERS=1``) calls ``reveal_plugins.torch_ext.instrument()``
 so each optimizer step is reported to ``reveal-torchrun`` as an iteration marker.
 ``--crash-once-at N`` makes rank 0 crash at step N on the first attempt only (restart tests);
-``--fail-at-step N`` makes rank 0 fail at step N on every attempt (exit code ``--fail-code``).
+``--fail-at-step N`` makes every rank exit at step N on every attempt (exit code ``--fail-code``),
+before any collective of that step: torchrun's error table then shows that code whichever rank it
+names first (with one rank failing, the others die of a broken collective, exit 1, and may be
+reported first).
 """
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--crash-once-at", type=int, default=None, metavar="STEP",
                    help="rank 0 raises at STEP on the first attempt only (TORCHELASTIC_RESTART_COUNT=0)")
     p.add_argument("--fail-at-step", type=int, default=None, metavar="STEP",
-                   help="rank 0 exits with --fail-code at STEP on every attempt")
+                   help="every rank exits with --fail-code at STEP on every attempt")
     p.add_argument("--fail-code", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workers", type=int, default=0, metavar="N",
@@ -174,9 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         for xb, yb in loader:
             if rank == 0 and a.crash_once_at is not None and step == a.crash_once_at and attempt == 0:
                 raise RuntimeError(f"train.py: deliberate crash at step {step} (attempt {attempt})")
-            if rank == 0 and a.fail_at_step is not None and step == a.fail_at_step:
-                print(f"train.py: deliberate failure at step {step}, exit {a.fail_code}",
-                      file=sys.stderr, flush=True)
+            if a.fail_at_step is not None and step == a.fail_at_step:
+                if rank == 0:
+                    print(f"train.py: deliberate failure at step {step}, exit {a.fail_code}",
+                          file=sys.stderr, flush=True)
                 sys.exit(a.fail_code)
             opt.zero_grad(set_to_none=True)
             loss = loss_fn(model(xb), yb)

@@ -31,6 +31,7 @@
 #include <strings.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -254,9 +255,15 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 		close(fd);
 		return busy ? AGENT_BUSY : -1;
 	}
-	if (write(fd, json, n) != (ssize_t) n) {
-		close(fd);
-		return AGENT_BUSY;
+	/* send(MSG_NOSIGNAL), not write(): an agent that accepted and closed must give EPIPE,
+	 * not a SIGPIPE that kills slurmstepd's helper. Partial sends are continued. */
+	for (size_t off = 0; off < n;) {
+		ssize_t w = send(fd, json + off, n - off, MSG_NOSIGNAL);
+		if (w <= 0) {
+			close(fd);
+			return AGENT_BUSY;
+		}
+		off += (size_t) w;
 	}
 	int closed = 0;      /* the agent closed without a reply: it did not take the request */
 	while (got < sizeof(buf) - 1) {
@@ -538,17 +545,61 @@ static void node_name(char *dst, size_t n)
 	safe_copy(dst, n, v);
 }
 
-/* Run DIR/<hook> detached (own session, stdio on /dev/null); slurmd does not wait for it. */
+/* Close every descriptor from 3 up, however high the limit: slurmstepd may hold fds past 1024. */
+static void close_from_3(void)
+{
+#ifdef SYS_close_range
+	if (syscall(SYS_close_range, 3U, ~0U, 0U) == 0)
+		return;
+#endif
+	long max = sysconf(_SC_OPEN_MAX);
+	if (max < 0 || max > 1048576)
+		max = 1048576;
+	for (long i = 3; i < max; i++)
+		close((int) i);
+}
+
+/* Run DIR/<hook> detached (own session, stdio on /dev/null); slurmd does not wait for it.
+ * The environment is built before fork(): after fork in a threaded process only
+ * async-signal-safe calls are allowed, and setenv() allocates. */
 static void spawn_hook(const char *hook, const char *state)
 {
-	char path[PATH_MAX];
+	static const char *const names[] = {"REVEAL_SPANK_UNREGISTERED=", "REVEAL_SPANK_QUEUED=",
+					    "REVEAL_SPANK_DETACHED="};
+	char path[PATH_MAX], extra[3][160];
+	char **envp;
+	size_t nenv = 0, k = 0;
 	pid_t pid;
 
 	if (snprintf(path, sizeof(path), "%s/%s", hooks_dir, hook) >= (int) sizeof(path))
 		return;
+	int nextra = 0;
+	if (state && strcmp(hook, "epilog") == 0)
+		snprintf(extra[nextra++], sizeof(extra[0]), "REVEAL_SPANK_UNREGISTERED=%s", state);
+	if (state && strcmp(hook, "prolog") == 0)
+		snprintf(extra[nextra++], sizeof(extra[0]), "REVEAL_SPANK_QUEUED=%s", state);
+	snprintf(extra[nextra++], sizeof(extra[0]), "REVEAL_SPANK_DETACHED=1");
+	while (environ && environ[nenv])
+		nenv++;
+	envp = calloc(nenv + (size_t) nextra + 1, sizeof(char *));
+	if (envp == NULL) {
+		slurm_error("reveal: no memory to start %s", path);
+		return;
+	}
+	for (size_t i = 0; i < nenv; i++) {   /* ours replace any inherited value */
+		int ours = 0;
+		for (size_t j = 0; j < sizeof(names) / sizeof(names[0]); j++)
+			ours |= strncmp(environ[i], names[j], strlen(names[j])) == 0;
+		if (!ours)
+			envp[k++] = environ[i];
+	}
+	for (int j = 0; j < nextra; j++)
+		envp[k++] = extra[j];
+	envp[k] = NULL;
 	pid = fork();
 	if (pid < 0) {
 		slurm_error("reveal: fork for %s failed: %m", path);
+		free(envp);
 		return;
 	}
 	if (pid == 0) {
@@ -560,17 +611,12 @@ static void spawn_hook(const char *hook, const char *state)
 			if (fd > 2)
 				close(fd);
 		}
-		for (int i = 3; i < 1024; i++)
-			close(i);
-		if (state && strcmp(hook, "epilog") == 0)
-			setenv("REVEAL_SPANK_UNREGISTERED", state, 1);
-		if (state && strcmp(hook, "prolog") == 0)
-			setenv("REVEAL_SPANK_QUEUED", state, 1);
-		setenv("REVEAL_SPANK_DETACHED", "1", 1);
+		close_from_3();
 		char *argv[] = {path, NULL};
-		execve(path, argv, environ);
+		execve(path, argv, envp);
 		_exit(127);
 	}
+	free(envp);
 	waitpid(pid, NULL, 0);
 }
 
