@@ -208,6 +208,19 @@ def test_short_foreign_burst_inside_startup_is_startup():
     assert det.anomalies == [], det.anomalies
 
 
+def test_neighbour_at_full_load_from_the_first_second_for_15_s_is_found():
+    """Issue 21, item 1: two hogs on a 2-core node for the first 15 s of a 1-core job (the job
+    gets 2/3 of a core, the hogs 4/3): ten of those seconds are in the start-up grace, yet they
+    are the neighbour, not start-up.  One CPU anomaly, present from the start."""
+    t, v, ch = frame(run_cores=lambda x: 0.67 if x < 15 else 1.0,
+                     foreign_cores=lambda x: 1.33 if x < 15 else 0.0)
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["cpu"], det.anomalies
+    a = det.anomalies[0]
+    assert a["start"] - T0 < 3 and a["end"] - T0 < 25, a
+    assert a["foreign"].get("since_start"), a["foreign"]
+
+
 def test_cpu_hog_during_writeback_of_an_earlier_install_is_cpu():
     """Issue 21 item 3: a CPU hog arrives while the page cache an install left dirty is
     written back (foreign writes all along the hog's span, the disk's queue time up).  The

@@ -71,6 +71,11 @@ ABSOLUTE_CORE_SHARE = 0.02
 #: counts: short-lived system work (a login, a cron job, a package update's burst) is not a
 #: neighbour that matters to the job.
 SUSTAIN_WINDOWS = 8
+#: In a run's start-up grace, foreign load counts only when held at this multiple of its
+#: absolute level (a whole core here): work outside the job that belongs to its start
+#: (the node agent starting, the tail of an install) is one process at a time and light,
+#: while a neighbour that was on the node first is at full load from the first second.
+GRACE_FACTOR = 2.0
 #: Seconds between a process dirtying pages and the kernel writing them (dirty_expire 30 s).
 WRITEBACK_S = 35.0
 
@@ -236,6 +241,16 @@ class Foreign:
         with np.errstate(invalid="ignore", divide="ignore"):
             a = np.nan_to_num(self.value / self.level, nan=0.0, posinf=0.0)
         return np.where(self.above_level, a, 0.0)
+
+    def held(self, factor: float = 1.0) -> np.ndarray:
+        """(m,): windows where some channel is sustained at ``factor`` times its absolute
+        level (``sustain`` windows in a row or more)."""
+        if not len(self.names):
+            return np.zeros(len(self.value), bool)
+        with np.errstate(invalid="ignore"):
+            on = np.nan_to_num(self.value, nan=0.0) >= factor * self.level
+        return np.stack([_runs_of(on[:, j], self.sustain) for j in range(on.shape[1])],
+                        axis=1).any(axis=1)
 
     @property
     def excess(self) -> np.ndarray:

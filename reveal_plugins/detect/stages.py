@@ -206,7 +206,10 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
     reference (level, spread, foreign bars) from the valid windows away from any flag."""
     win = W.win
     fam = fl.family(W.means, P.names, W.fitrows, win.start, cfg["foreign_z"])
-    flag = M.flag | B.flag | (fam.flag & W.flaggable)
+    # Foreign load held well above its absolute level is flagged in the start-up grace too:
+    # the job's own start-up runs inside the job, so such load there is a neighbour that was
+    # on the node first, and its windows inside the grace are most of what shows it.
+    flag = M.flag | B.flag | (fam.flag & W.flaggable) | (fam.held(fl.GRACE_FACTOR) & W.valid)
     groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
     w = max(1, int(round(win.window_s / win.stride_s)))
     near = np.convolve(flag.astype(int), np.ones(2 * w + 1, int), mode="same") > 0
