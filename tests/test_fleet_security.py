@@ -76,3 +76,59 @@ def test_cluster_modes_refuse_to_start_without_tls(tmp_path, mode):
     assert "without TLS" in r.stderr and "--tls-ca-file" in r.stderr and \
         "--insecure" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _pem_files(tmp_path, key_mode=0o600):
+    """A temporary CA-signed certificate and key (Dask's own generator) written as the
+    operator would: root-owned files, the key not world-readable."""
+    from distributed.security import Security
+    tmp = Security.temporary()
+    d = tmp_path / "tls"
+    d.mkdir(mode=0o755)
+    files = {"tls_ca_file": tmp.tls_ca_file, "tls_cert": tmp.tls_scheduler_cert,
+             "tls_key": tmp.tls_scheduler_key}
+    out = {}
+    for k, text in files.items():
+        p = d / f"{k}.pem"
+        p.write_text(text)
+        os.chmod(p, key_mode if k == "tls_key" else 0o644)
+        out[k] = str(p)
+    return out
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the trust rule applies to root")
+def test_tls_files_are_read_once_and_judged_on_what_was_read(tmp_path):
+    """Issue 22 (low): the CA, certificate and key are read by ``trust.read_trusted`` and Dask
+    gets their contents, never a path it would open later (a file swapped in between would
+    choose who joins root's cluster).  A cluster made with those credentials accepts them."""
+    from distributed import Client, LocalCluster
+    from distributed.security import Security
+
+    from reveal_plugins.fleet.dask_runtime import FleetRuntimeError, cluster_security
+    files = _pem_files(tmp_path)
+    sec = cluster_security(scheduler="tls://127.0.0.1:1", config_file="/nonexistent",
+                           **files)
+    assert sec.tls_ca_file.startswith("-----BEGIN") and sec.tls_client_key.startswith(
+        "-----BEGIN"), "Dask must get contents, not paths"
+    server = Security(require_encryption=True, tls_ca_file=sec.tls_ca_file,
+                      tls_scheduler_cert=sec.tls_client_cert,
+                      tls_scheduler_key=sec.tls_client_key,
+                      tls_worker_cert=sec.tls_client_cert, tls_worker_key=sec.tls_client_key)
+    with LocalCluster(n_workers=1, processes=False, security=server, dashboard_address=None,
+                      protocol="tls", host="127.0.0.1") as cl:
+        with Client(cl.scheduler_address, security=sec, timeout=30) as c:
+            assert c.submit(lambda: 42).result(timeout=30) == 42
+    # refused: a key everyone can read, a file another user owns, something that is no PEM
+    os.chmod(files["tls_key"], 0o644)
+    with pytest.raises(FleetRuntimeError, match="readable by every user"):
+        cluster_security(scheduler="tls://127.0.0.1:1", **files)
+    os.chmod(files["tls_key"], 0o600)
+    nobody = pwd.getpwnam("nobody")
+    os.chown(files["tls_ca_file"], nobody.pw_uid, -1)
+    with pytest.raises(FleetRuntimeError, match="refused as root|not root"):
+        cluster_security(scheduler="tls://127.0.0.1:1", **files)
+    os.chown(files["tls_ca_file"], 0, -1)
+    with open(files["tls_cert"], "w") as f:
+        f.write("not a certificate\n")
+    with pytest.raises(FleetRuntimeError, match="not PEM"):
+        cluster_security(scheduler="tls://127.0.0.1:1", **files)

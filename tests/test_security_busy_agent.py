@@ -3,6 +3,7 @@ sends nothing: the Prolog must queue the registration (or the job is never recor
 Epilog the unregister (or nobody ever asks the agent to close the run); a request that was
 written whole but got no reply reached the agent and is not queued again.  The hook log says
 which."""
+import json
 import os
 import socket
 import threading
@@ -19,12 +20,9 @@ ENV = {"SLURM_JOB_ID": "5150", "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
        "SLURMD_NODENAME": "n1"}
 
 
-@pytest.fixture
-def full_backlog(tmp_path):
-    """An agent socket whose listener never accepts, its backlog filled: connect() fails
-    with EAGAIN."""
-    spool = tmp_path / "spool"
-    spool.mkdir()
+def _fill_backlog(spool):
+    """A listener on ``spool``/agent.sock that never accepts, its backlog filled: (server,
+    the connections filling it)."""
     srv = socket.socket(socket.AF_UNIX)
     srv.bind(str(spool / "agent.sock"))
     srv.listen(0)
@@ -39,7 +37,18 @@ def full_backlog(tmp_path):
             break
         fillers.append(c)
     else:
+        srv.close()
         pytest.skip("the backlog never filled")
+    return srv, fillers
+
+
+@pytest.fixture
+def full_backlog(tmp_path):
+    """An agent socket whose listener never accepts, its backlog filled: connect() fails
+    with EAGAIN."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, fillers = _fill_backlog(spool)
     yield str(spool)
     for c in fillers:
         c.close()
@@ -190,9 +199,9 @@ HARNESS = r"""
 int main(int argc, char **argv)
 {
 	char reply[1024] = "";
-	(void) argc;
 	snprintf(spool, sizeof(spool), "%s", argv[1]);
-	printf("%d\n", agent_send_t("{\"op\": \"ping\"}\n", reply, sizeof(reply), 300));
+	printf("%d\n", agent_send_t("{\"op\": \"ping\"}\n", reply, sizeof(reply),
+				    argc > 2 ? atoi(argv[2]) : 300));
 	return 0;
 }
 """
@@ -219,9 +228,9 @@ def c_send(tmp_path_factory):
                     "-Wl,--unresolved-symbols=ignore-in-object-files"],
                    check=True, capture_output=True, text=True)
 
-    def call(spool):
-        return int(subprocess.run([str(d / "h"), spool], capture_output=True, text=True,
-                                  check=True, timeout=10).stdout)
+    def call(spool, tmo_ms=300):
+        return int(subprocess.run([str(d / "h"), spool, str(tmo_ms)], capture_output=True,
+                                  text=True, check=True, timeout=10).stdout)
     return call
 
 
@@ -245,3 +254,89 @@ def test_spank_client_tells_written_from_busy_and_unreachable(c_send, full_backl
     finally:
         th.join(5)
         srv.close()
+
+
+def test_spank_client_has_one_budget_not_one_per_phase(c_send, tmp_path):
+    """Issue 22 (low): connect, send and read share the plugin's timeout.  The backlog is full
+    and frees a slot after 0.7 s of a 1 s budget; the agent then never answers.  The hook
+    gives up at 1 s in all (it used to wait 1 s more for the reply: 1.7 s, past the
+    Epilog's budget)."""
+    spool = tmp_path / "slow"
+    spool.mkdir()
+    srv, fillers = _fill_backlog(spool)
+    held = []
+
+    def free_a_slot_later():
+        time.sleep(0.7)
+        held.append(srv.accept()[0])        # one filler leaves the backlog: ours gets in
+    th = threading.Thread(target=free_a_slot_later, daemon=True)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        rc = c_send(str(spool), 1000)
+        took = time.monotonic() - t0
+    finally:
+        th.join(5)
+        for c in fillers + held:
+            c.close()
+        srv.close()
+    assert rc == -2, rc                   # written, unanswered: delivered
+    assert took < 1.4, took
+
+
+def test_task_hook_retries_busy_within_its_budget_and_says_when_the_marker_is_lost(
+        tmp_path, hook_log):
+    """Issue 22 (medium): the TaskProlog runs as the job's user and cannot queue into root's
+    pending/; a full backlog is tried again while its budget lasts, and the log says whether
+    the step marker reached the agent."""
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    srv, fillers = _fill_backlog(spool)
+    env = {**ENV, "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0"}
+    got = []
+
+    def agent_frees_up():
+        time.sleep(0.15)
+        srv.settimeout(2)
+        while True:       # accept the fillers (silent) until ours arrives, and answer it
+            try:
+                c = srv.accept()[0]
+            except OSError:
+                return
+            c.settimeout(0.05)
+            try:
+                line = c.recv(65536)
+            except OSError:
+                line = b""
+            if line:
+                got.append(json.loads(line))
+                c.sendall(b'{"ok": true}\n')
+                c.close()
+                return
+            c.close()
+    th = threading.Thread(target=agent_frees_up, daemon=True)
+    th.start()
+    try:
+        t0 = time.monotonic()
+        hooks.task_hook("step_start", SlurmConfig(spool=str(spool)), env, t0 + 0.5)
+        assert time.monotonic() - t0 < 0.6
+    finally:
+        th.join(5)
+        for c in fillers:
+            c.close()
+        srv.close()
+    assert [(r["event"], r["step_id"]) for r in got] == [("step_start", "0")], hook_log
+    # the backlog never frees: the hook gives up within its budget and says so
+    spool2 = tmp_path / "spool2"
+    spool2.mkdir()
+    srv, fillers = _fill_backlog(spool2)
+    try:
+        t0 = time.monotonic()
+        hooks.task_hook("step_end", SlurmConfig(spool=str(spool2)), env, t0 + 0.4)
+        assert time.monotonic() - t0 < 0.5
+    finally:
+        for c in fillers:
+            c.close()
+        srv.close()
+    log = hook_log.read_text()
+    assert "step_end of step 0 not recorded" in log and "nothing was sent" in log, log

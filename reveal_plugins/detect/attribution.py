@@ -162,6 +162,25 @@ _SUBSYSTEM_OF = (("memory.vm.pgpgin", "storage"), ("memory.vm.pgpgout", "storage
 _JOB_SHARE = __import__("re").compile(r"^cpu\.run\.(usage|user|system)$")
 #: Weight of a channel that moved without being a harmful symptom (activity).
 ACTIVITY_WEIGHT = 0.6
+#: A GPU doing less (utilisation, power, memory traffic down): what a job shows when its input
+#: or its collectives stall.  When a cause moved with it (a symptom of the network, storage,
+#: CPU or memory), the GPU is the consequence and votes as weakly as the job's own CPU share;
+#: the GPU's own faults (throttling, clocks, errors, foreign processes) stay causes.
+_GPU_LESS = __import__("re").compile(r"^gpu\.\d+\.(util_sm|util_mem|power|power_usage|"
+                                     r"power_draw|sm_active|sm_occupancy|tensor_active|"
+                                     r"dram_active|mem_bw\w*)$")
+CAUSES = ("network", "storage", "cpu", "memory")
+
+
+def consequences(dev: np.ndarray, names: list[str], hits: np.ndarray | None) -> np.ndarray:
+    """Per channel: a GPU doing less while a symptom of a cause subsystem fired."""
+    less = np.array([bool(dev[i] < 0 and _GPU_LESS.match(n)) for i, n in enumerate(names)],
+                    bool)
+    if hits is None or not less.any():
+        return np.zeros(len(names), bool)
+    cause = any(hits[i] and not less[i] and subsystem_of(n) in CAUSES
+                for i, n in enumerate(names))
+    return less if cause else np.zeros(len(names), bool)
 
 
 def subsystem_of(name: str) -> str:
@@ -174,10 +193,11 @@ def subsystem_of(name: str) -> str:
 def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
                      hits: np.ndarray | None = None) -> dict[str, float]:
     subs: dict[str, list[float]] = {}
+    conseq = consequences(dev, names, hits)
     for i, (d, n) in enumerate(zip(np.abs(dev), names)):
         if d >= min_dev:
             w = 1.0 if hits is None or hits[i] else ACTIVITY_WEIGHT
-            if dev[i] < 0 and _JOB_SHARE.match(n):
+            if (dev[i] < 0 and _JOB_SHARE.match(n)) or conseq[i]:
                 # the job doing less is a consequence of whatever held it back: only a weak
                 # vote for CPU contention, the most common cause, when nothing else speaks
                 w = 0.5 * ACTIVITY_WEIGHT

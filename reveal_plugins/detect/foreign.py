@@ -25,8 +25,9 @@ Two parts:
   evidence whatever the run's median.
 
 Writes reach the disk up to ~30 s after a process dirties the page cache (writeback), and the
-node's disk counters see them then; so the run's writes are taken at their highest over the
-last :data:`WRITEBACK_S` seconds before the node's writes are called foreign.  Memory counts as
+node's disk counters see them then; so the run's writes are a debt the node's writes pay off
+within :data:`WRITEBACK_S` seconds (:func:`_unmatched_writes`), and only the node's writes no
+debt covers are foreign.  Memory counts as
 foreign only when the node's available memory fell too (the run's RSS double-counts pages its
 forked workers share; their exit would otherwise look like foreign memory appearing).
 """
@@ -76,8 +77,11 @@ SUSTAIN_WINDOWS = 8
 #: (the node agent starting, the tail of an install) is one process at a time and light,
 #: while a neighbour that was on the node first is at full load from the first second.
 GRACE_FACTOR = 2.0
-#: Seconds between a process dirtying pages and the kernel writing them (dirty_expire 30 s).
-WRITEBACK_S = 35.0
+#: Seconds between a process dirtying pages and the kernel writing them (dirty_expire 30 s,
+#: the flusher wakes every 5 s, plus a 3-s window).
+WRITEBACK_S = 40.0
+#: The filesystem's journal and metadata written with a run's data (ext4/xfs: a few %).
+WRITEBACK_OVERHEAD = 1.2
 
 _BUSY = ("user", "nice", "system", "irq", "softirq")
 
@@ -344,8 +348,8 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
     for j, n in enumerate(present):
         if n == "storage.foreign.write_bytes" and "storage.run.write_bytes" in idx \
                 and "storage.all.write_bytes" in idx and "storage.node.write_bytes" not in idx:
-            V[:, j] = means[:, idx["storage.all.write_bytes"]] - _recent_max(
-                means[:, idx["storage.run.write_bytes"]], start, WRITEBACK_S)
+            V[:, j] = _unmatched_writes(means[:, idx["storage.all.write_bytes"]],
+                                        means[:, idx["storage.run.write_bytes"]], start)
         if n == "memory.foreign.used" and "memory.MemAvailable" in idx:
             # foreign memory only where the node's available memory fell by as much
             avail = means[:, idx["memory.MemAvailable"]].astype(np.float64) * 1024.0
@@ -362,19 +366,36 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
                    levels(present, node_cores(means, names)), sustain)
 
 
-def _recent_max(col: np.ndarray, start: np.ndarray, horizon: float) -> np.ndarray:
-    """For each window, the highest value of ``col`` over windows starting in the preceding
-    ``horizon`` seconds (itself included)."""
-    c = np.nan_to_num(col.astype(np.float64))
-    out = np.empty(len(c))
-    dq: deque[int] = deque()
-    for i in range(len(c)):
-        while dq and c[dq[-1]] <= c[i]:
-            dq.pop()
-        dq.append(i)
-        while start[dq[0]] < start[i] - horizon:
-            dq.popleft()
-        out[i] = c[dq[0]]
+def _unmatched_writes(node: np.ndarray, run: np.ndarray, start: np.ndarray,
+                      horizon: float = WRITEBACK_S, overhead: float = WRITEBACK_OVERHEAD
+                      ) -> np.ndarray:
+    """The node's disk writes (bytes/s per window) that the run's own recent writes do not
+    account for.
+
+    A process's ``write_bytes`` is counted when it dirties pages; the disk sees them when the
+    kernel writes them back, up to ``horizon`` seconds later, at its own pace (a 500 MB
+    checkpoint dirtied in a second may reach the disk 30 s later at 200 MB/s, or while an
+    fsync waits).  So the run's writes are a debt the node's writes pay off, oldest first,
+    within ``horizon``; only what no debt covers is foreign.  ``overhead`` allows for the
+    journal and metadata the filesystem writes with the data.  Windows are taken as equal
+    steps (their means are rates over equal strides)."""
+    n = np.nan_to_num(node.astype(np.float64))
+    r = np.maximum(np.nan_to_num(run.astype(np.float64)), 0.0) * overhead
+    out = np.empty(len(n))
+    debt: deque[list[float]] = deque()      # [window start, bytes not yet seen on the disk]
+    for i in range(len(n)):
+        if r[i] > 0:
+            debt.append([float(start[i]), float(r[i])])
+        while debt and debt[0][0] < start[i] - horizon:
+            debt.popleft()                 # never written (deleted, overwritten) or too old
+        want = n[i]
+        while want > 0 and debt:
+            take = min(want, debt[0][1])
+            want -= take
+            debt[0][1] -= take
+            if debt[0][1] <= 0:
+                debt.popleft()
+        out[i] = want
     return out
 
 

@@ -314,9 +314,18 @@ def network_degradation(anomaly: dict, context: Ctx) -> list[dict]:
     sig = retrans + collapse
     title = ("Network slowdown: TCP retransmissions" if retrans else
              f"Network throughput collapsed on {', '.join(ifaces[:3])}")
+    # the GPU idling with it is the consequence: say so, the cause is the network
+    starved = _moved(context, r"^gpu\.\d+\.(util_sm|util|utilization|gpu_util|sm_active|"
+                              r"power|power_usage|power_draw)$", 3, -1)
+    lead = ""
+    if starved:
+        title = ("GPU starved while the network retransmitted" if retrans else
+                 "GPU starved while the network throughput collapsed")
+        lead = (f"{'; '.join(_change(n, c) for n, c in starved[:2])}: the GPU waited for "
+                "data and collectives that the network delivered late. ")
     return [_hint(
         title,
-        f"{'; '.join(_change(n, c) for n, c in sig[:3])}. Gradient all-reduce and data "
+        f"{lead}{'; '.join(_change(n, c) for n, c in sig[:3])}. Gradient all-reduce and data "
         "loading wait on the slowest link; retransmissions mean loss or a queue that drops."
         + _impact_text(context),
         f"Inspect the path: `ip -s link show {iface}`, `ethtool {iface}` (speed/duplex), "

@@ -348,6 +348,13 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
             "start": s0, "end": s1, "subsystem": sub,
             "score": round(float(np.max(M.fused[rows])), 2), "evidence": ev[:5],
             "why_not_anomaly": why})
+    # The reported span: the windows where the evidence itself is out of bounds, not the
+    # detectors' flags (a window that only overlaps the onset flags on its spread).
+    ta, tb = _evidence_bounds(W, E, a, b, [P.names.index(e["channel"]) for e in ev[:3]],
+                              [E.foreign.names.index(f["channel"]) for f in fsup],
+                              c_ref, s_ref, dev, cfg["min_deviation"] / 2)
+    if (ta, tb) != (a, b):
+        s0, s1 = span(ta, tb, W.win.mid, W.win.stride_s)
     score = float(np.max(B.score[rows] if from_baseline else M.fused[rows]))
     if fsup and not M.flag[rows].any():
         score = max(score, float(max(f["excess"] for f in fsup)) * cfg["threshold"])
@@ -373,6 +380,27 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
                                  "facts": meta.get("facts") or {},
                                  "foreign": an.get("foreign")})
     return Judgement("anomaly", an)
+
+
+def _evidence_bounds(W: WindowStage, E: EventStage, a: int, b: int, cols: list[int],
+                     fcols: list[int], c_ref: np.ndarray, s_ref: np.ndarray, dev: np.ndarray,
+                     min_dev: float) -> tuple[int, int]:
+    """First and last window of ``a..b`` where an evidence channel (``cols``) is at least
+    ``min_dev`` spreads out in the direction it moved over the event, or a foreign channel
+    (``fcols``) is above its bar; ``(a, b)`` when none is (the span only ever shrinks)."""
+    rr = np.arange(a, b + 1)
+    on = np.zeros(len(rr), bool)
+    if cols:
+        c = np.array(cols)
+        with np.errstate(all="ignore"):
+            z = (W.means[rr][:, c].astype(np.float64) - c_ref[c]) / s_ref[c] * np.sign(dev[c])
+        on |= (np.nan_to_num(z) >= min_dev).any(axis=1)
+    if fcols and E.foreign.excess.shape[1]:
+        on |= (E.foreign.excess[rr][:, fcols] >= 1.0).any(axis=1)
+    idx = np.nonzero(on & W.valid[rr])[0]
+    if not len(idx):
+        return a, b
+    return a + int(idx[0]), a + int(idx[-1])
 
 
 def _since_start(E: EventStage, W: WindowStage, rows: np.ndarray, channel: str) -> bool:

@@ -117,23 +117,31 @@ def cluster_security(scheduler: str | None = None, slurm_workers: int | None = N
                                 "tls_cert (--tls-cert)")
     if scheduler and "://" in scheduler and not scheduler.startswith("tls://"):
         raise FleetRuntimeError(f"--scheduler {scheduler}: with TLS the address is tls://...")
-    from ..trust import UntrustedPath, require_trusted
+    from ..trust import UntrustedPath, read_trusted
+    pem: dict[str, str] = {}
     for k, path in tls.items():
-        try:   # a CA or key another user can replace lets them join as root's cluster
-            require_trusted(path, f"TLS file ({k})")
+        # A CA or key another user can replace lets them join root's cluster: read once,
+        # judged on the open descriptor (trust.read_trusted), and hand Dask the contents --
+        # checking the path and letting Dask open it later would be a race.
+        try:
             st = os.stat(path)
+            raw = read_trusted(path, f"TLS file ({k})", max_bytes=1 << 20)
         except (UntrustedPath, OSError) as e:
             raise FleetRuntimeError(str(e)) from None
         if k == "tls_key" and st.st_mode & 0o004:
             raise FleetRuntimeError(f"TLS key {path} is readable by every user (chmod o-r)")
+        text = raw.decode("ascii", errors="replace")
+        if "-----BEGIN " not in text:
+            raise FleetRuntimeError(f"TLS file ({k}) {path}: not PEM (no -----BEGIN line)")
+        pem[k] = text if text.endswith("\n") else text + "\n"   # Dask: contents have "\n"
     try:
         from distributed.security import Security
     except ImportError as e:
         raise FleetRuntimeError(f"Dask is not installed ({e}); pip install "
                                 "'reveal-plugins[fleet]'") from None
-    roles = {f"tls_{r}_{w}": tls.get(f"tls_{w}") for r in ("client", "scheduler", "worker")
+    roles = {f"tls_{r}_{w}": pem.get(f"tls_{w}") for r in ("client", "scheduler", "worker")
              for w in ("cert", "key")}
-    return Security(require_encryption=True, tls_ca_file=tls["tls_ca_file"],
+    return Security(require_encryption=True, tls_ca_file=pem["tls_ca_file"],
                     **{k: v for k, v in roles.items() if v})
 
 

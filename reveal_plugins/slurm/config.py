@@ -40,6 +40,7 @@ class SlurmConfig:
     analysis_memory_max_mb: int = 2048  # the analysis' memory cap (then: report partial)
     analysis_cpu_pct: int = 100     # its CPU cap, % of one core (systemd/cgroup caps)
     analysis_cap: str = "auto"      # auto|systemd|cgroup|rlimit|off (auto: first that works)
+    analysis_max_concurrent: int = 2  # detached analyses at once on a node (others wait)
     path: str = ""                  # where this configuration came from ("" = defaults)
 
     def spool_dir(self) -> str:
@@ -54,7 +55,7 @@ _RANGES = {"interval_s": (0.001, 60.0), "prolog_budget_s": (0.05, 60.0),
            "epilog_budget_s": (0.05, 300.0), "analysis_timeout_s": (0.1, 86400.0),
            "analysis_nice": (0, 19), "analysis_timeout_per_hour_s": (0.0, 3600.0),
            "analysis_timeout_max_s": (1.0, 7 * 86400.0), "analysis_memory_max_mb": (32, 1 << 22),
-           "analysis_cpu_pct": (1, 100_000)}
+           "analysis_cpu_pct": (1, 100_000), "analysis_max_concurrent": (1, 256)}
 _CHOICES = {"default_mode": MODES, "analysis": ("detached", "off"),
             "analysis_cap": ("auto", "systemd", "cgroup", "rlimit", "off")}
 

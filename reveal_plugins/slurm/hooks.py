@@ -412,10 +412,36 @@ def task_hook(event: str, cfg: SlurmConfig, env: dict[str, str], deadline: float
     if event == "step_end":
         fields["exit_code"] = None
     req = {"op": "event", "run_id": f"slurm-{job}", "event": event, "t": time.time(), **fields}
-    reply = agent_request(os.path.join(cfg.spool_dir(), "agent.sock"), req,
-                          _remaining(deadline) * 0.8)
+    sock = os.path.join(cfg.spool_dir(), "agent.sock")
+    # The task hooks run as the job's user, who cannot queue into root's pending/: a request
+    # that did not reach the agent (full backlog) is tried again while the budget lasts, and
+    # the log says when the step marker was lost.
+    while True:
+        try:
+            reply = agent_request(sock, req, _remaining(deadline) * 0.8)
+            break
+        except AgentBusy as e:
+            if e.sent:
+                log(name_of(event), "INFO", f"{event} of step {fields['step_id']} delivered "
+                                            f"(no reply in time: {e})", job)
+                return
+            if _remaining(deadline) < 0.1:
+                log(name_of(event), "WARNING", f"{event} of step {fields['step_id']} not "
+                                               f"recorded: {e}, until the hook's budget ran out",
+                    job)
+                return
+            time.sleep(0.02)
+        except AgentUnreachable as e:
+            log(name_of(event), "WARNING", f"{event} of step {fields['step_id']} not recorded: "
+                                           f"{e}", job)
+            return
     if not reply.get("ok"):
         raise RuntimeError(f"agent refused {event} of job {job}: {reply.get('error')}")
+
+
+def name_of(event: str) -> str:
+    """The hook that sends ``event``."""
+    return "task-prolog" if event == "step_start" else "task-epilog"
 
 
 def _log_to_hook_log(hook: str, job: str) -> None:
@@ -488,9 +514,23 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
         os.nice(cfg.analysis_nice)
     except OSError:
         pass
+    from . import analysis_slots as slots
     t0 = time.monotonic()
     cap = None
+    lock = slot = None
     try:
+        if job != "-":
+            try:
+                lock = slots.JobLock(cfg.spool_dir(), job).__enter__()
+            except slots.Busy as e:
+                log("analysis", "INFO", f"{run_dir}: {e}; this one is skipped", job)
+                return 0
+            except OSError as e:   # no lock: analyse anyway (never lose a report for it)
+                log("analysis", "WARNING", f"{run_dir}: no analysis lock ({e})", job)
+            if lock is not None and lock.done == os.path.abspath(run_dir):
+                log("analysis", "INFO", f"{run_dir}: already analysed by an earlier Epilog of "
+                                        "this job; skipped", job)
+                return 0
         if wait_closed and not _wait_closed(run_dir, min(30.0, cfg.analysis_timeout_s / 2)):
             log("analysis", "WARNING", f"{run_dir}: the agent did not close the run in time; "
                                        "analysing what is on disk", job)
@@ -500,6 +540,19 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
                 log("analysis", "WARNING", f"{run_dir}: closed the run its agent left open "
                                            "(end = last stored sample)", job)
         timeout, hours = analysis_timeout(cfg, run_dir)
+        try:
+            slot = slots.acquire_slot(cfg.spool_dir(), cfg.analysis_max_concurrent, timeout)
+        except OSError as e:
+            log("analysis", "WARNING", f"{run_dir}: no analysis slot lock ({e})", job)
+        else:
+            if slot is None:
+                reason = (f"{cfg.analysis_max_concurrent} other analyses "
+                          f"(analysis_max_concurrent) ran for all of its {timeout:.0f} s")
+                log("analysis", "ERROR", f"{run_dir}: not analysed: {reason}", job)
+                from ..analysis import publish_stopped
+                publish_stopped(run_dir, reason,
+                                detached_analysis_config(cfg, STOPPED_SINK_BUDGET_S))
+                return 0
         # the supervisor itself can never outlive its child by much
         signal.alarm(int(timeout) + 120)
         from .capped import make_cap
@@ -518,6 +571,8 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
         else:
             log("analysis", "INFO", f"{run_dir}: analysed in {time.monotonic() - t0:.1f} s "
                                     f"(cap: {cap.describe()})", job)
+        if lock is not None:
+            lock.mark_done(os.path.abspath(run_dir))
     except BaseException as e:  # noqa: BLE001
         tb = traceback.extract_tb(e.__traceback__)
         where = f" at {tb[-1].filename}:{tb[-1].lineno}" if tb else ""
@@ -527,6 +582,10 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
         if cap is not None:
             cap.cleanup()
         signal.alarm(0)
+        if slot is not None:
+            os.close(slot)
+        if lock is not None:
+            lock.__exit__(None, None, None)
     return 0
 
 

@@ -36,6 +36,7 @@
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <pwd.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -232,14 +233,45 @@ static int queue_pending(const char *json)
  * reply (may be NULL) receives the reply line. */
 #define AGENT_BUSY (-3)
 #define AGENT_SENT (-2)
+
+/* Milliseconds left until ``end`` (CLOCK_MONOTONIC), at least 0. */
+static int left_ms(const struct timespec *end)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	long ms = (end->tv_sec - now.tv_sec) * 1000L + (end->tv_nsec - now.tv_nsec) / 1000000L;
+	return ms > 0 ? (int) ms : 0;
+}
+
+/* Arm the socket's send and receive timeouts with what is left of the deadline: connect,
+ * send and every read share one budget of tmo_ms, so a slow agent costs the hook tmo_ms at
+ * most, not tmo_ms per phase.  Returns 0 when nothing is left. */
+static int arm(int fd, const struct timespec *end)
+{
+	int ms = left_ms(end);
+	struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+	if (ms <= 0)
+		return 0;
+	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	return 1;
+}
+
 static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 {
 	struct sockaddr_un addr;
-	struct timeval tv = {tmo_ms / 1000, (tmo_ms % 1000) * 1000};
+	struct timespec end;
 	char buf[1024];
 	size_t got = 0, n = strlen(json);
 	int fd;
 
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += tmo_ms / 1000;
+	end.tv_nsec += (long) (tmo_ms % 1000) * 1000000L;
+	if (end.tv_nsec >= 1000000000L) {
+		end.tv_sec++;
+		end.tv_nsec -= 1000000000L;
+	}
 	memset(&addr, 0, sizeof(addr));
 	addr.sun_family = AF_UNIX;
 	if (snprintf(addr.sun_path, sizeof(addr.sun_path), "%s/agent.sock", spool) >=
@@ -248,8 +280,7 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0)
 		return -1;
-	setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	arm(fd, &end);
 	if (connect(fd, (struct sockaddr *) &addr, sizeof(addr)) < 0) {
 		int busy = errno == EAGAIN || errno == EWOULDBLOCK || errno == ETIMEDOUT;
 		close(fd);
@@ -258,7 +289,7 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 	/* send(MSG_NOSIGNAL), not write(): an agent that accepted and closed must give EPIPE,
 	 * not a SIGPIPE that kills slurmstepd's helper. Partial sends are continued. */
 	for (size_t off = 0; off < n;) {
-		ssize_t w = send(fd, json + off, n - off, MSG_NOSIGNAL);
+		ssize_t w = arm(fd, &end) ? send(fd, json + off, n - off, MSG_NOSIGNAL) : -1;
 		if (w <= 0) {
 			close(fd);
 			return AGENT_BUSY;
@@ -267,6 +298,8 @@ static int agent_send_t(const char *json, char *reply, size_t rlen, int tmo_ms)
 	}
 	int closed = 0;      /* the agent closed without a reply: it did not take the request */
 	while (got < sizeof(buf) - 1) {
+		if (!arm(fd, &end))
+			break;     /* the budget is spent: an agent still at work */
 		ssize_t r = read(fd, buf + got, sizeof(buf) - 1 - got);
 		if (r <= 0) {   /* a timeout (EAGAIN) is an agent still at work; EOF/reset not */
 			closed = r == 0 || (errno != EAGAIN && errno != EWOULDBLOCK);
