@@ -102,7 +102,6 @@ def test_tls_files_are_read_once_and_judged_on_what_was_read(tmp_path):
     gets their contents, never a path it would open later (a file swapped in between would
     choose who joins root's cluster).  A cluster made with those credentials accepts them."""
     from distributed import Client, LocalCluster
-    from distributed.security import Security
 
     from reveal_plugins.fleet.dask_runtime import FleetRuntimeError, cluster_security
     files = _pem_files(tmp_path)
@@ -110,11 +109,7 @@ def test_tls_files_are_read_once_and_judged_on_what_was_read(tmp_path):
                            **files)
     assert sec.tls_ca_file.startswith("-----BEGIN") and sec.tls_client_key.startswith(
         "-----BEGIN"), "Dask must get contents, not paths"
-    server = Security(require_encryption=True, tls_ca_file=sec.tls_ca_file,
-                      tls_scheduler_cert=sec.tls_client_cert,
-                      tls_scheduler_key=sec.tls_client_key,
-                      tls_worker_cert=sec.tls_client_cert, tls_worker_key=sec.tls_client_key)
-    with LocalCluster(n_workers=1, processes=False, security=server, dashboard_address=None,
+    with LocalCluster(n_workers=1, processes=False, security=sec, dashboard_address=None,
                       protocol="tls", host="127.0.0.1") as cl:
         with Client(cl.scheduler_address, security=sec, timeout=30) as c:
             assert c.submit(lambda: 42).result(timeout=30) == 42
