@@ -33,7 +33,7 @@ if [[ -e "$OUT" ]]; then echo "cpu_contention.sh: $OUT exists; set OUT to a new 
 
 # Marks the run's events.jsonl (a "note" event): the HTML timelines show it as a dotted line.
 note() {
-    python3 -c 'import sys; from reveal_plugins.telemetry.store import append_event
+    python3 -c 'import sys; from reveal_plugins.store.store import append_event
 append_event(sys.argv[1], "note", message=sys.argv[2])' "$OUT" "$1" 2>/dev/null || true
 }
 

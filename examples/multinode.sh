@@ -94,7 +94,7 @@ fi
 
 # CPU sets: the online CPUs cut into NODES contiguous shares.
 mapfile -t CPUS_ALL < <(python3 -c '
-from reveal_plugins.telemetry.cpuset import online_cpus
+from reveal_plugins.probes.cpuset import online_cpus
 print(*online_cpus(), sep="\n")')
 NCPU=${#CPUS_ALL[@]}
 [[ $NODES -le $NCPU ]] || die "--nodes $NODES: only $NCPU online CPU(s), one node needs one"
@@ -146,7 +146,7 @@ trap 'exit 129' HUP     # the terminal went away
 trap 'exit 141' PIPE    # whoever read our output stopped (| head): still tear everything down
 
 # The machine's /proc, for the agents in the nodes' PID namespaces: a process somebody pins to
-# a node's CPUs from outside (a noisy neighbour) is that node's (telemetry/nodeprocs.py).
+# a node's CPUs from outside (a noisy neighbour) is that node's (probes/nodeprocs.py).
 mkdir -p "$WORK/hostproc"
 mount --bind /proc "$WORK/hostproc"
 
@@ -165,7 +165,7 @@ for k in $(seq "$NODES"); do
     ip -n "$ns" link set lo up
     ip -n "$ns" link set eth0 up
     CPUS+=("$(python3 -c 'import sys
-from reveal_plugins.telemetry.cpuset import format_cpulist
+from reveal_plugins.probes.cpuset import format_cpulist
 print(format_cpulist([int(c) for c in sys.argv[1:]]))' "${CPUS_ALL[@]:$(((k - 1) * PER)):$PER}")")
 done
 reach() {  # reach K: node 1 can open a TCP connection to node K

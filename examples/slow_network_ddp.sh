@@ -75,7 +75,7 @@ note() {  # a "note" event in every node's run directory: a dotted line in the H
     local d
     for d in "$OUT"/*/; do
         [[ -f "$d/meta.json" ]] || continue
-        python3 -c 'import sys; from reveal_plugins.telemetry.store import append_event
+        python3 -c 'import sys; from reveal_plugins.store.store import append_event
 append_event(sys.argv[1], "note", message=sys.argv[2])' "$d" "$1" 2>/dev/null || true
     done
 }

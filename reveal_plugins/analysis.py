@@ -11,8 +11,8 @@ import os
 from typing import Any
 
 from .hooks import call_safely, get_plugin_manager
-from .telemetry import store
-from .telemetry.rundir import write_file
+from .store import store
+from .store.rundir import write_file
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     """Analyse ``run_dir``, write ``report.json`` atomically and hand the report to the sinks.
 
     Raises :class:`AnalysisUnavailable` when no analysis plugin is present and
-    :class:`reveal_plugins.telemetry.store.StoreError` when ``run_dir`` is not a run directory.
+    :class:`reveal_plugins.store.store.StoreError` when ``run_dir`` is not a run directory.
     Sink failures are logged, never raised.
     """
     cfg = dict(config or {})

@@ -22,8 +22,8 @@ commands:
 
 COMMANDS = {
     "record": "reveal_plugins.record:main",
-    "probes": "reveal_plugins.telemetry.probes_cli:main",
-    "agent": "reveal_plugins.telemetry.agent:main",
+    "probes": "reveal_plugins.probes.probes_cli:main",
+    "agent": "reveal_plugins.agent.daemon:main",
     "analyze": "reveal_plugins.detect.cli:analyze_main",
     "baseline": "reveal_plugins.detect.cli:baseline_main",
     "report": "reveal_plugins.report.cli:main",

@@ -18,8 +18,9 @@ import time
 from typing import Any, TextIO
 
 from . import spool as spool_mod
-from .telemetry import gpu_ids, store
-from .telemetry.client import AgentClient, AgentError, ensure_agent
+from .probes import gpu_ids
+from .store import store
+from .agent.client import AgentClient, AgentError, ensure_agent
 from .types import RunInfo
 
 log = logging.getLogger(__name__)

@@ -71,7 +71,7 @@ if _cfg["faults"] and os.environ.get("REVEAL_FAKE_GPU_FAULTS_IN", "agent") in _c
 def env(tmp_path, gpus: int = 8, faults=(), busy: bool = True, busy_kwargs=None,
         base: dict | None = None, **driver) -> dict:
     """Environment for subprocesses that should run on the fake GPU node.  Faults are scheduled
-    only in the node agent's process (``python -m reveal_plugins.telemetry.agent``)."""
+    only in the node agent's process (``python -m reveal_plugins.agent.daemon``)."""
     boot = os.path.join(str(tmp_path), "fake-gpu-boot")
     os.makedirs(boot, exist_ok=True)
     cfg = {"driver": {"gpus": gpus, **driver}, "busy": busy,
@@ -80,5 +80,5 @@ def env(tmp_path, gpus: int = 8, faults=(), busy: bool = True, busy_kwargs=None,
         f.write(_BOOT.format(here=HERE, cfg=json.dumps(cfg)))
     e = dict(base if base is not None else os.environ)
     e["PYTHONPATH"] = boot + (":" + e["PYTHONPATH"] if e.get("PYTHONPATH") else "")
-    e["REVEAL_FAKE_GPU_FAULTS_IN"] = "reveal_plugins.telemetry.agent"
+    e["REVEAL_FAKE_GPU_FAULTS_IN"] = "reveal_plugins.agent.daemon"
     return e

@@ -237,7 +237,7 @@ def write_gpu_run(run_dir: str, **kw) -> str:
     import json
     import os
 
-    from reveal_plugins.telemetry.store import SegmentWriter, write_meta
+    from reveal_plugins.store.store import SegmentWriter, write_meta
 
     t, V, chans, meta, events = gpu_node(**kw)
     os.makedirs(run_dir, exist_ok=True)

@@ -10,7 +10,7 @@ import os
 import numpy as np
 import pytest
 
-from reveal_plugins.telemetry.store import SegmentWriter, append_event, write_meta
+from reveal_plugins.store.store import SegmentWriter, append_event, write_meta
 from reveal_plugins.types import ChannelMeta
 
 T0 = 1_780_000_000.0

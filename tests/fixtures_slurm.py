@@ -274,7 +274,7 @@ class SlurmCluster:
         if pid:
             try:
                 with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if b"reveal_plugins.telemetry.agent" not in f.read():
+                    if b"reveal_plugins.agent.daemon" not in f.read():
                         return
             except OSError:
                 return

@@ -49,7 +49,7 @@ def main() -> int:
     def append(**kw):
         if not a.run_dir:
             return
-        from reveal_plugins.telemetry.store import append_event
+        from reveal_plugins.store.store import append_event
         try:
             append_event(a.run_dir, "iteration", **kw)
         except OSError:

@@ -11,12 +11,12 @@ import select
 import signal
 import time
 
-from reveal_plugins.telemetry import store
-from reveal_plugins.telemetry.finalize import finalize_orphan
+from reveal_plugins.store import store
+from reveal_plugins.store.finalize import finalize_orphan
 
 
 def _agent_child(spool: str, run_dir: str, ready: int) -> None:
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     try:
         a = Agent(spool, interval_s=0.01, segment_s=0.05)
@@ -69,7 +69,7 @@ def test_kill9_at_random_moments_loses_only_the_open_segment(tmp_path):
 def test_a_restarted_agent_adopts_the_runs_left_open(tmp_path):
     """kill -9 of a root-style agent mid-job; the next agent resumes the job's run in the same
     directory (start and open step kept, an ``agent_restart`` event), and closes it later."""
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     spool = str(tmp_path / "spool")
     run_dir = os.path.join(spool, "jobs", "42", "n")
@@ -105,7 +105,7 @@ def test_a_restarted_agent_adopts_the_runs_left_open(tmp_path):
 
 
 def test_old_job_directories_are_pruned_and_open_ones_kept(tmp_path):
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     spool = tmp_path / "spool"
     now = time.time()
     for job, end in (("1", now - 40 * 86400), ("2", now - 86400), ("3", None)):
@@ -124,8 +124,8 @@ def test_old_job_directories_are_pruned_and_open_ones_kept(tmp_path):
 def test_a_queued_registration_of_a_run_already_closed_is_not_replayed(tmp_path):
     """The SPANK plugin queued a registration while no agent ran; the job ended and the Epilog
     closed the run from disk.  The next agent must not reopen it and sample a finished job."""
-    from reveal_plugins.telemetry.agent import Agent
-    from reveal_plugins.telemetry.client import queue_request
+    from reveal_plugins.agent.daemon import Agent
+    from reveal_plugins.agent.client import queue_request
     from reveal_plugins.types import RunInfo
     spool = str(tmp_path / "spool")
     run_dir = os.path.join(spool, "jobs", "7", "n")

@@ -16,9 +16,9 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry import protocol
-from reveal_plugins.telemetry.agent import RunLimits
-from reveal_plugins.telemetry.client import AgentClient, AgentError
+from reveal_plugins.agent import protocol
+from reveal_plugins.agent.daemon import RunLimits
+from reveal_plugins.agent.client import AgentClient, AgentError
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -46,7 +46,7 @@ def root_agent():
         with open(os.path.join(spool, "pending", f"junk{i}.json"), "w") as f:
             f.write("not json" * 10)
     log = os.path.join(spool, "agent.log")
-    p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool",
+    p = subprocess.Popen([sys.executable, "-m", "reveal_plugins.agent.daemon", "--spool",
                           spool, "--log-file", log], stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, env=dict(os.environ, PYTHONPATH=ROOT))
     client = AgentClient(os.path.join(spool, "agent.sock"), timeout=2.0)
@@ -126,7 +126,7 @@ def test_root_agent_survives_a_hostile_user(root_agent):
 
 
 def test_event_limits_are_per_run_and_counted(tmp_path):
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     a = Agent(str(tmp_path / "spool"), interval_s=0.5)
     a.limits = RunLimits(event_bytes=1024, events=20, events_total_bytes=1 << 20, steps=3)
@@ -145,7 +145,7 @@ def test_event_limits_are_per_run_and_counted(tmp_path):
 
 
 def test_pending_queue_skips_fifos_links_and_oversized_files(tmp_path):
-    from reveal_plugins.telemetry import pending
+    from reveal_plugins.agent import pending
     d = tmp_path / "pending"
     pending.prepare_dir(str(d), os.geteuid())
     os.mkfifo(d / "a.json")
@@ -226,7 +226,7 @@ def test_killed_record_leaves_no_agent_sampling(tmp_path):
 def test_concurrent_registrations_of_one_run_make_one_run(tmp_path):
     """The socket registration racing the SPANK plugin's queued copy: one RunState, one dir."""
     import threading
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     a = Agent(str(tmp_path / "spool"), interval_s=0.5)
     dirs = []
@@ -243,7 +243,7 @@ def test_concurrent_registrations_of_one_run_make_one_run(tmp_path):
 
 
 def test_shutdown_request_finishes_the_runs_before_exit(tmp_path):
-    from reveal_plugins.telemetry.client import ensure_agent
+    from reveal_plugins.agent.client import ensure_agent
     spool = str(tmp_path / "spool")
     client = ensure_agent(spool, 0.1)
     run_dir = client.register({"run_id": "r", "source": "test", "run_dir": str(tmp_path / "r")})

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry import store
-from reveal_plugins.telemetry.client import AgentClient, AgentError, ensure_agent
+from reveal_plugins.store import store
+from reveal_plugins.agent.client import AgentClient, AgentError, ensure_agent
 from reveal_plugins.types import RunInfo
 
 
@@ -95,7 +95,7 @@ def test_other_users_cannot_register_or_touch_foreign_runs(agent):
 
 def test_a_second_agent_on_the_same_spool_refuses_to_start(agent):
     client, tmp = agent
-    p = subprocess.run([sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool",
+    p = subprocess.run([sys.executable, "-m", "reveal_plugins.agent.daemon", "--spool",
                         str(tmp / "spool")], capture_output=True, text=True, timeout=60)
     assert p.returncode == 3
     assert "already serves" in p.stderr and "not starting a second one" in p.stderr

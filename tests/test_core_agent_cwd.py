@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 PLANT = "import os\nopen({marker!r}, 'w').write(str(os.getuid()))\n"
 

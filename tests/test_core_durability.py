@@ -11,14 +11,14 @@ import threading
 
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRITE = """
 import sys
 import numpy as np
 sys.path.insert(0, {root!r})
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 from reveal_plugins.types import ChannelMeta
 d = sys.argv[1]
 store.write_meta(d, {{"channels": []}})

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from reveal_plugins.hooks import get_plugin_manager
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 HERE = os.path.dirname(__file__)
 
@@ -26,9 +26,9 @@ def site_plugin(tmp_path_factory):
 
 def test_builtins_are_registered_as_plugins():
     pm = get_plugin_manager()
-    assert pm.get_plugin("reveal_plugins.telemetry.builtin_probes") is not None
+    assert pm.get_plugin("reveal_plugins.probes.builtin_probes") is not None
     impls = [i.plugin_name for i in pm.hook.reveal_register_probes.get_hookimpls()]
-    assert "reveal_plugins.telemetry.builtin_probes" in impls
+    assert "reveal_plugins.probes.builtin_probes" in impls
 
 
 def test_installed_site_probe_is_listed_and_sampled(site_plugin, tmp_path):

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from reveal_plugins.hooks import call_safely
-from reveal_plugins.telemetry.procfs import PROCFS_PROBES
+from reveal_plugins.probes.procfs import PROCFS_PROBES
 from reveal_plugins.types import SUBSYSTEMS
 
 

@@ -9,7 +9,7 @@ import time
 import pyarrow.parquet as pq
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 REVEAL = [sys.executable, "-m", "reveal_plugins.cli"]
 BUSY = "import time\nt=time.time()\nwhile time.time()-t<{s}: pass\n"

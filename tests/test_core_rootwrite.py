@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from fixtures_report import make_run
-from reveal_plugins.telemetry import rundir, store
+from reveal_plugins.store import rundir, store
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="root-only behaviour")
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -6,7 +6,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 from reveal_plugins.types import ChannelMeta
 
 CH = [ChannelMeta("cpu.all.user", "ticks", "counter", "t"),

@@ -9,7 +9,7 @@ import tempfile
 
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

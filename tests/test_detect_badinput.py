@@ -7,7 +7,7 @@ import pytest
 
 from reveal_plugins.detect import analyze
 from reveal_plugins.detect.synth import SynthHost
-from reveal_plugins.telemetry.store import SegmentWriter, StoreError, write_meta
+from reveal_plugins.store.store import SegmentWriter, StoreError, write_meta
 from reveal_plugins.types import ChannelMeta
 
 

@@ -201,7 +201,7 @@ def test_bad_setting_names_the_key():
 
 def _live_nodes(tmp_path, n, key="job-42"):
     from reveal_plugins.detect.live_peers import for_run
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
     from reveal_plugins.types import RunInfo
     out = []
     for i in range(n):

@@ -154,7 +154,7 @@ def test_live_peer_suspect_named_while_the_job_runs(tmp_path):
     """Both nodes recorded with live mode by their own agents, their run directories side by
     side: the agents publish their horizons and name node 1 soon after the hog's start (goal
     10 s; held to 15 s here), as a ``peer_suspect`` event in the run's events."""
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
     job = str(tmp_path / "job")
     port = _port()
     env = dict(os.environ, REVEAL_SEGMENT_S="2", PYTHONPATH=ROOT)

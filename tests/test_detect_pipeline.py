@@ -110,7 +110,7 @@ def test_gpu_invariants_pcie_link_and_xid():
 def test_slowdown_soon_after_start_is_reported_when_markers_show_steady_training(synth_run):
     """An anomaly that begins right after the start-up grace is taken for slow start-up...
     unless iteration markers show training was already running steadily and then slowed."""
-    from reveal_plugins.telemetry.store import append_event
+    from reveal_plugins.store.store import append_event
     plain = synth_run("plain", 180.0, anomalies=[("storage", 12.0, 30.0)], seed=3)
     rep = analyze(plain)
     assert not any(a["subsystem"] == "storage" for a in rep["anomalies"])

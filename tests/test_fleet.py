@@ -259,7 +259,7 @@ def test_features_read_from_the_runs_feature_store(tmp_path, fleet_templates):
     reads its window means, and they summarise the run as the segments do."""
     from reveal_plugins.detect import featstore
     from reveal_plugins.fleet import extract
-    from reveal_plugins.telemetry.store import read_meta
+    from reveal_plugins.store.store import read_meta
     from reveal_plugins.types import ChannelMeta
     d = clone_run(fleet_templates["cpu"], str(tmp_path / "r"), job_id="1", user="u", node="n",
                   workload="w", start=1.79e9)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from reveal_plugins.importers.reveal_tsv import TSVFormatError, import_file, parse_header
-from reveal_plugins.telemetry.store import load_run
+from reveal_plugins.store.store import load_run
 
 T0 = 1_700_000_000.0
 

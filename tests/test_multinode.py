@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry import cpuset, procfs
+from reveal_plugins.probes import cpuset, procfs
 
 STAT = """cpu  300 0 30 600 0 0 0 0 0 0
 cpu0 100 0 10 200 0 0 0 0 0 0
@@ -60,7 +60,7 @@ def test_cpu_stat_counts_only_the_node_cpus(tmp_path, monkeypatch):
 
 
 def test_agent_refuses_a_bad_cpu_list():
-    r = subprocess.run([sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool",
+    r = subprocess.run([sys.executable, "-m", "reveal_plugins.agent.daemon", "--spool",
                         "/nonexistent-reveal-spool", "--cpus", "0-4095"],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "--cpus 0-4095" in r.stderr and "not online" in r.stderr
@@ -106,7 +106,7 @@ def _check_run(run, job, before_qdiscs):
 def _foreign_gap(jobdir, hosts, t0, t1):
     """Node 2's CPU load by processes outside the job minus node 1's, cores, over [t0, t1]:
     how visible a fault on node 2's CPU set was on this (shared) machine."""
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
     out = []
     for h in hosts:
         d = store.load_run(os.path.join(jobdir, h),

@@ -87,7 +87,7 @@ def test_gpu_and_host_metrics_use_semantic_convention_names():
 
 
 def test_real_agent_exports_host_metrics_over_http(otel_clean_env, otlp_http, tmp_path):
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_http.endpoint)
     otel_clean_env.setenv("REVEAL_OTEL_METRICS", "1")
     otel_clean_env.setenv("REVEAL_CONFIG", str(tmp_path / "r.toml"))

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from reveal_plugins.telemetry.cgroup import CgroupProbe, find_hierarchies
+from reveal_plugins.probes.cgroup import CgroupProbe, find_hierarchies
 from reveal_plugins.types import RunInfo
 
 ROOT = "/sys/fs/cgroup"
@@ -270,7 +270,7 @@ def test_tree_leaves_out_the_sampling_process():
     must not be charged to the run."""
     import reveal_plugins
     code = ("import os, json\n"
-            "from reveal_plugins.telemetry.cgroup import CgroupProbe\n"
+            "from reveal_plugins.probes.cgroup import CgroupProbe\n"
             "p = CgroupProbe(pids=[os.getppid()]); p.open()\n"
             "v = dict(zip([c.name for c in p.channels], p.sample()))\n"
             "print(json.dumps([p.mode, v['system.run.nprocs']]))\n")

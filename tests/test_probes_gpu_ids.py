@@ -10,8 +10,8 @@ import pytest
 pynvml = pytest.importorskip("pynvml")
 
 from fixtures_nvml import FakeDriver, install_fake_nvml  # noqa: E402
-from reveal_plugins.telemetry import gpu_ids  # noqa: E402
-from reveal_plugins.telemetry.gpu_procs import GpuForeignProbe  # noqa: E402
+from reveal_plugins.probes import gpu_ids  # noqa: E402
+from reveal_plugins.probes.gpu_procs import GpuForeignProbe  # noqa: E402
 from reveal_plugins.types import RunInfo  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,7 +132,7 @@ def test_reveal_record_gets_only_the_gpus_it_was_given(tmp_path):
     assert meta["gpu_source"].startswith("CUDA_VISIBLE_DEVICES=")
     gpus = {c["name"].split(".")[1] for c in meta["channels"] if c["name"].startswith("gpu.")}
     assert gpus == {"2", "5"}
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
     frame = store.load_run(str(out)).frame
     col = frame.column("gpu.5.util_sm")
     assert (col[~(col != col)] == 95).all() and len(col) > 10
@@ -165,7 +165,7 @@ def test_torchrun_gpu_mapper_finds_a_workers_gpu_through_the_real_binding(old):
 def test_slurm_job_gets_the_gpus_of_its_gres_indices_in_the_agent(tmp_path):
     """A Slurm registration (SPANK/Prolog send SLURM_JOB_GPUS as `gpus`) on a node whose minor
     numbers are not in NVML order: the run records the GPUs with those minor numbers only."""
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     with install_fake_nvml(FakeDriver(gpus=4, minor_numbers=[3, 2, 1, 0])) as drv:
         for g in drv.gpus:
             g.busy()

@@ -3,7 +3,7 @@ directory: the layouts, not the kernel, are under test here; tests/test_slurm_jo
 it on the real Slurm)."""
 import os
 
-from reveal_plugins.telemetry.jobscope import JobScopeProbe, job_cgroups
+from reveal_plugins.probes.jobscope import JobScopeProbe, job_cgroups
 from reveal_plugins.types import RunInfo
 
 

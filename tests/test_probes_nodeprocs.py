@@ -1,5 +1,5 @@
 """A node that is a CPU set of a shared machine: its own processes' I/O and memory, not the
-machine's (telemetry/nodeprocs.py), and the foreign load derived from them."""
+machine's (probes/nodeprocs.py), and the foreign load derived from them."""
 import os
 import subprocess
 import sys
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from reveal_plugins.detect import foreign
-from reveal_plugins.telemetry.nodeprocs import CHANNELS, NodeProcsProbe
+from reveal_plugins.probes.nodeprocs import CHANNELS, NodeProcsProbe
 
 _WRITER = r"""
 import os, sys, time
@@ -68,7 +68,7 @@ def test_a_process_pinned_to_the_node_counts_one_free_to_roam_does_not(tmp_path)
 
 _SELF = r"""
 import os, sys
-from reveal_plugins.telemetry.nodeprocs import NodeProcsProbe
+from reveal_plugins.probes.nodeprocs import NodeProcsProbe
 node = NodeProcsProbe([int(sys.argv[1])])
 node.open()
 a = node.sample()[1]

@@ -14,8 +14,8 @@ pynvml = pytest.importorskip("pynvml")
 from fixtures_nvml import (  # noqa: E402
     ManualClock, FakeDriver, install_fake_nvml, fake_nvml_driver,  # noqa: F401
 )
-from reveal_plugins.telemetry import nvml as nvml_mod  # noqa: E402
-from reveal_plugins.telemetry.nvml import RETRY_S, NvmlProbe  # noqa: E402
+from reveal_plugins.probes import nvml as nvml_mod  # noqa: E402
+from reveal_plugins.probes.nvml import RETRY_S, NvmlProbe  # noqa: E402
 
 
 def _vals(p):

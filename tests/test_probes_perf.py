@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry.perf import (PerfHardwareProbe, PerfSoftwareProbe,
+from reveal_plugins.probes.perf import (PerfHardwareProbe, PerfSoftwareProbe,
                                            perf_host_probes, perf_run_probes,
                                            system_wide_allowed)
 
@@ -86,7 +86,7 @@ def test_host_probes_and_run_probes_do_not_double_count():
 def test_unprivileged_user_gets_reason_and_run_scoped_counters():
     code = (
         "import json, os\n"
-        "from reveal_plugins.telemetry.perf import *\n"
+        "from reveal_plugins.probes.perf import *\n"
         "out = {}\n"
         "for p in perf_host_probes() + perf_run_probes([os.getpid()]):\n"
         "    p.open(); out[p.name + ('_run' if p.pids else '')] = p.describe()\n"

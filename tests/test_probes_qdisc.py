@@ -6,13 +6,13 @@ import sys
 import pytest
 
 from reveal_plugins.detect.attribution import symptom_mask
-from reveal_plugins.telemetry.qdisc import QdiscProbe, parse_dump
+from reveal_plugins.probes.qdisc import QdiscProbe, parse_dump
 
 from fixtures_netns import netns_pair  # noqa: F401  (fixture)
 
 _SAMPLE = r"""
 import json, socket, sys, threading, time
-from reveal_plugins.telemetry.qdisc import QdiscProbe
+from reveal_plugins.probes.qdisc import QdiscProbe
 p = QdiscProbe(); p.open()
 names = [c.name for c in p.channels]
 first = p.sample()

@@ -4,9 +4,9 @@ import os
 
 import pytest
 
-from reveal_plugins.telemetry.cpufreq import CpufreqProbe
-from reveal_plugins.telemetry.hwmon import HwmonProbe
-from reveal_plugins.telemetry.infiniband import InfinibandProbe
+from reveal_plugins.probes.cpufreq import CpufreqProbe
+from reveal_plugins.probes.hwmon import HwmonProbe
+from reveal_plugins.probes.infiniband import InfinibandProbe
 
 
 def _w(path, text):

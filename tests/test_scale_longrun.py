@@ -16,7 +16,7 @@ from reveal_plugins.detect import analyze
 from reveal_plugins.detect.featstore import FeatureStore, read
 from reveal_plugins.detect.featurize import FeatureWriter
 from reveal_plugins.detect.synth import SynthHost
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 from reveal_plugins.types import ChannelMeta
 
 ANOMALIES = [("cpu", 150.0, 180.0), ("storage", 330.0, 350.0)]
@@ -172,7 +172,7 @@ def test_agent_featurizes_segments_while_the_run_goes_on(tmp_path):
 def test_gpu_link_below_max_is_found_when_streamed(tmp_path):
     """The invariant findings (judged on window means when streamed) still see a busy GPU
     whose PCIe link runs below its maximum generation."""
-    from reveal_plugins.telemetry.store import SegmentWriter, write_meta
+    from reveal_plugins.store.store import SegmentWriter, write_meta
     h = SynthHost(2, seed=2)
     gpu = [ChannelMeta("gpu.0.util_sm", "%", "gauge", "nvml"),
            ChannelMeta("gpu.0.pcie_link_gen", "gen", "gauge", "nvml"),

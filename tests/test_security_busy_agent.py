@@ -13,8 +13,8 @@ import pytest
 
 from reveal_plugins.slurm import hooks
 from reveal_plugins.slurm.config import SlurmConfig
-from reveal_plugins.telemetry import pending
-from reveal_plugins.telemetry.client import AgentBusy, AgentClient
+from reveal_plugins.agent import pending
+from reveal_plugins.agent.client import AgentBusy, AgentClient
 
 ENV = {"SLURM_JOB_ID": "5150", "SLURM_JOB_UID": "0", "SLURM_JOB_USER": "root",
        "SLURMD_NODENAME": "n1"}

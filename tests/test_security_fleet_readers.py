@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="attacks on a root fleet pass")
 
@@ -177,7 +177,7 @@ def test_a_tiny_segment_cannot_force_a_huge_allocation(tmp_path):
     _bomb_segment(seg, 2_000_000)
     assert os.path.getsize(seg) < 1 << 20          # a tiny file ...
     names = [f"cpu.c{i}" for i in range(2000)]     # ... and a meta.json declaring 2000 channels
-    r = _child("from reveal_plugins.telemetry import store\n"
+    r = _child("from reveal_plugins.store import store\n"
                "try:\n"
                f"    store.read_segment({seg!r}, {names!r})\n"
                "except store.StoreError as e:\n"

@@ -12,8 +12,8 @@ import time
 import pytest
 
 from reveal_plugins.slurm import hooks
-from reveal_plugins.telemetry import jobscope
-from reveal_plugins.telemetry.jobscope import (JobScopeProbe, cgroup_members, job_cgroups,
+from reveal_plugins.probes import jobscope
+from reveal_plugins.probes.jobscope import (JobScopeProbe, cgroup_members, job_cgroups,
                                                slurmstepd_pids)
 from reveal_plugins.types import RunInfo
 
@@ -147,15 +147,15 @@ def test_cgroup_walk_is_bounded_in_depth_and_entries(tmp_path):
 def test_users_process_named_like_the_agent_is_not_an_agent_starting(spawn, tmp_path):
     spool = tmp_path / "spool"
     spool.mkdir()
-    spawn(["bash", "-c", 'exec -a "python3 -m reveal_plugins.telemetry.agent --spool x" '
+    spawn(["bash", "-c", 'exec -a "python3 -m reveal_plugins.agent.daemon --spool x" '
                          'sleep 60'], user="nobody")
-    fake = _find(b"python3 -m reveal_plugins.telemetry.agent --spool x")
+    fake = _find(b"python3 -m reveal_plugins.agent.daemon --spool x")
     (spool / ".agent-starter").write_text(str(fake))     # the PID recycled by a user
     assert not hooks._agent_starting(str(spool))
     assert not hooks._is_agent(str(fake))
     # root's agent (by its command line) is
-    spawn(["bash", "-c", 'exec -a "python3 -m reveal_plugins.telemetry.agent --spool y" '
+    spawn(["bash", "-c", 'exec -a "python3 -m reveal_plugins.agent.daemon --spool y" '
                          'sleep 60'])
-    real = _find(b"python3 -m reveal_plugins.telemetry.agent --spool y")
+    real = _find(b"python3 -m reveal_plugins.agent.daemon --spool y")
     (spool / ".agent-starter").write_text(str(real))
     assert hooks._agent_starting(str(spool))

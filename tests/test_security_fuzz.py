@@ -16,7 +16,8 @@ import pytest
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E402
 
-from reveal_plugins.telemetry import protocol, store  # noqa: E402
+from reveal_plugins.agent import protocol
+from reveal_plugins.store import store  # noqa: E402
 
 FAST = settings(max_examples=150, deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
@@ -72,7 +73,7 @@ def test_decode_of_arbitrary_request_objects(req):
 
 @pytest.fixture(scope="module")
 def agent():
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     d = tempfile.mkdtemp(prefix="reveal-fuzz-")
     a = Agent(os.path.join(d, "spool"), interval_s=0.5)

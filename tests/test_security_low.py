@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 from reveal_plugins.types import RunInfo
 
 from fixtures_tmpfs import mounted_tmpfs
@@ -24,8 +24,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 def test_a_failing_pending_queue_does_not_stop_reaping(tmp_path, monkeypatch):
     """pending.take raising (an unreadable queue entry, a bad directory) must not end the
     housekeeping thread: a run whose owner died is still closed."""
-    from reveal_plugins.telemetry import housekeeping
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent import housekeeping
+    from reveal_plugins.agent.daemon import Agent
 
     def broken(*a, **k):
         raise OSError(errno.EIO, "Input/output error")

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from reveal_plugins.telemetry import protocol
-from reveal_plugins.telemetry.runstate import RunLimits
+from reveal_plugins.agent import protocol
+from reveal_plugins.agent.runstate import RunLimits
 from reveal_plugins.types import RunInfo
 
 
@@ -21,7 +21,7 @@ def _strict_json(path):
 
 @pytest.fixture
 def agent(tmp_path):
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     a = Agent(str(tmp_path / "spool"), interval_s=0.5)
     d = a.register(RunInfo(run_id="r", source="test", run_dir=str(tmp_path / "r")))
     yield a, d
@@ -149,7 +149,7 @@ def test_run_report_note_with_dollars_renders(tmp_path):
     pytest.importorskip("matplotlib")
     from fixtures_report import make_report, make_run
     from reveal_plugins.report.html import render_html
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
     d = str(tmp_path / "run")
     meta = make_run(d, seconds=30)
     store.append_event(d, "note", meta["start"] + 5, message=r"lr $\foo$ now $x^{2")

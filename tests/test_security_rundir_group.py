@@ -16,8 +16,8 @@ import tempfile
 
 import pytest
 
-from reveal_plugins.telemetry import rundir
-from reveal_plugins.telemetry.rundir import create_run_dir, write_file
+from reveal_plugins.store import rundir
+from reveal_plugins.store.rundir import create_run_dir, write_file
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the permission model needs root")
 

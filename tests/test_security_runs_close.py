@@ -10,14 +10,14 @@ import time
 
 import pytest
 
-from reveal_plugins.telemetry import store
+from reveal_plugins.store import store
 from reveal_plugins.types import RunInfo
 
 from fixtures_tmpfs import mounted_tmpfs
 
 
 def _agent(spool, **kw):
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     kw.setdefault("interval_s", 0.05)
     kw.setdefault("segment_s", 0.2)
     return Agent(spool, **kw)

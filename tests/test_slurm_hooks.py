@@ -22,7 +22,7 @@ def _no_leftover_agents(tmp_path):
     for starter in tmp_path.glob("**/.agent-starter"):
         try:
             pid = int(starter.read_text())
-            if b"reveal_plugins.telemetry.agent" in open(f"/proc/{pid}/cmdline", "rb").read():
+            if b"reveal_plugins.agent.daemon" in open(f"/proc/{pid}/cmdline", "rb").read():
                 os.kill(pid, 15)
         except (OSError, ValueError):
             pass
@@ -312,6 +312,6 @@ def test_epilog_sees_the_registration_the_prolog_queued(tmp_path, monkeypatch):
     monkeypatch.setattr(hooks, "agent_request",
                         lambda *a: {"ok": False, "error": "run_id is not registered"})
     hooks.epilog(cfg, env, _time.monotonic() + 5)
-    from reveal_plugins.telemetry import pending
+    from reveal_plugins.agent import pending
     ops = [r["op"] for _, r in pending.take(os.path.join(spool, "pending"), (0,))]
     assert ops == ["register", "unregister"]

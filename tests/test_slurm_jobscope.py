@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from reveal_plugins.telemetry.store import load_run
+from reveal_plugins.store.store import load_run
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 

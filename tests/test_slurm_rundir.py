@@ -1,4 +1,4 @@
-"""Permission model of run directories created by a root agent (reveal_plugins/telemetry/rundir).
+"""Permission model of run directories created by a root agent (reveal_plugins/store/rundir).
 
 Two real non-root users who share a primary group: A owns a job, B must not read or overwrite
 A's telemetry or report; a symlink planted where a user could write never makes root write
@@ -12,7 +12,7 @@ import tempfile
 
 import pytest
 
-from reveal_plugins.telemetry.rundir import RunDirError, acl_users, create_run_dir, write_file
+from reveal_plugins.store.rundir import RunDirError, acl_users, create_run_dir, write_file
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the permission model needs root")
 

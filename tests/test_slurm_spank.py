@@ -82,8 +82,8 @@ def test_the_c_client_speaks_the_protocol_spec_to_a_real_agent(plugin_functions,
     """docs/protocol.md from the C side: the plugin's event reaches a real agent and is stored;
     with no agent listening the plugin queues it in pending/, and the agent's queue reader
     (the same decoder as the socket) accepts and applies the file."""
-    from reveal_plugins.telemetry import store
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.store import store
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     spool = str(tmp_path / "spool")
     run_dir = os.path.join(spool, "jobs", "5", "n")

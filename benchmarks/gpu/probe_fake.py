@@ -2,7 +2,7 @@
 """The NVML probe's cost on the driver-level fake (8 GPUs), with references in the same run.
 
 Measured per sample (all 8 GPUs), back to back, for each driver mode (current, old driver):
-- ``probe``: :class:`reveal_plugins.telemetry.nvml.NvmlProbe` as the agent calls it;
+- ``probe``: :class:`reveal_plugins.probes.nvml.NvmlProbe` as the agent calls it;
 - ``previous``: the probe as it was before this issue (``--previous-rev``, loaded from git), on
   the same fake: the reference;
 - ``driver``: time spent inside the fake driver's C functions during the probe's samples (the
@@ -38,14 +38,14 @@ def _git(*args: str) -> str:
 
 
 def _previous_probe(rev: str):
-    src = _git("show", f"{rev}:reveal_plugins/telemetry/nvml.py")
+    src = _git("show", f"{rev}:reveal_plugins/probes/nvml.py")
     if not src:
         return None
     d = tempfile.mkdtemp()
     path = os.path.join(d, "nvml_previous.py")
     with open(path, "w") as f:
         f.write(src.replace("from ..types import", "from reveal_plugins.types import")
-                .replace("from .probe import", "from reveal_plugins.telemetry.probe import"))
+                .replace("from .probe import", "from reveal_plugins.probes.probe import"))
     spec = importlib.util.spec_from_file_location("nvml_previous", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -124,7 +124,7 @@ def main(argv=None) -> None:
     ap.add_argument("--previous-rev", default="d643792")
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/gpu/results/fake_8gpu.json"))
     a = ap.parse_args(argv)
-    from reveal_plugins.telemetry.nvml import NvmlProbe
+    from reveal_plugins.probes.nvml import NvmlProbe
     prev = _previous_probe(a.previous_rev)
     doc = {"benchmark": "nvml probe on the driver-level fake, 8 GPUs",
            "command": "python benchmarks/gpu/probe_fake.py " + " ".join(argv or sys.argv[1:]),

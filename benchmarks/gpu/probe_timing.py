@@ -55,7 +55,7 @@ class CallCounter:
 
 
 def time_probe(samples):
-    from reveal_plugins.telemetry.nvml import NvmlProbe
+    from reveal_plugins.probes.nvml import NvmlProbe
     p = NvmlProbe()
     t0 = time.perf_counter()
     p.open()

@@ -21,7 +21,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from reveal_plugins.telemetry import rundir, store  # noqa: E402
+from reveal_plugins.store import rundir, store  # noqa: E402
 from reveal_plugins.types import ChannelMeta  # noqa: E402
 
 

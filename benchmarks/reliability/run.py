@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import results as bench_results  # noqa: E402
 
-from reveal_plugins.telemetry import store  # noqa: E402
-from reveal_plugins.telemetry.client import AgentClient  # noqa: E402
+from reveal_plugins.store import store  # noqa: E402
+from reveal_plugins.agent.client import AgentClient  # noqa: E402
 
 
 def _root_probe(client: AgentClient, seconds: float, jobs: str, tag: str) -> dict:
@@ -61,7 +61,7 @@ def attack(seconds: float) -> dict:
     d = tempfile.mkdtemp(prefix="reveal-rel-")
     os.chmod(d, 0o755)
     spool = os.path.join(d, "spool")
-    agent = subprocess.Popen([sys.executable, "-m", "reveal_plugins.telemetry.agent", "--spool",
+    agent = subprocess.Popen([sys.executable, "-m", "reveal_plugins.agent.daemon", "--spool",
                               spool, "--log-file", os.path.join(d, "agent.log")],
                              env=dict(os.environ, PYTHONPATH=ROOT))
     client = AgentClient(os.path.join(spool, "agent.sock"))
@@ -101,7 +101,7 @@ def attack(seconds: float) -> dict:
 
 
 def kills(n: int) -> dict:
-    from reveal_plugins.telemetry.agent import Agent
+    from reveal_plugins.agent.daemon import Agent
     from reveal_plugins.types import RunInfo
     d = tempfile.mkdtemp(prefix="reveal-kill-")
     spool, run_dir = os.path.join(d, "spool"), os.path.join(d, "run")

@@ -148,7 +148,7 @@ def replayed(hours: int, base: str) -> dict:
     import numpy as np
 
     from reveal_plugins.detect.featstore import FeatureStore, merge, read, read_info, read_names
-    from reveal_plugins.telemetry import store
+    from reveal_plugins.store import store
 
     last = hours - 1
     hot = int(hours * 0.4)

@@ -51,8 +51,8 @@ NE_COLLECTORS = ["cpu", "stat", "meminfo", "vmstat", "diskstats", "netdev", "net
 SAMPLER = r"""
 import json, os, resource, sys, time
 import numpy as np
-from reveal_plugins.telemetry.procfs import PROCFS_PROBES
-from reveal_plugins.telemetry.psi import psi_probes
+from reveal_plugins.probes.procfs import PROCFS_PROBES
+from reveal_plugins.probes.psi import psi_probes
 interval, duration, mode = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
 probes = [c() for c in PROCFS_PROBES] + psi_probes()
 for p in probes:
@@ -236,7 +236,7 @@ def _find_agent(record_pid: int, timeout: float = 15.0) -> int | None:
                 cmd = open(f"/proc/{c}/cmdline", "rb").read()
             except OSError:
                 continue
-            if b"reveal_plugins.telemetry.agent" in cmd:
+            if b"reveal_plugins.agent.daemon" in cmd:
                 return c
         time.sleep(0.2)
     return None
@@ -273,7 +273,7 @@ def bench_storage(duration: float, interval: float = 0.1) -> dict:
                                                           recursive=True) if os.path.isfile(p))
         span = (meta.get("end") or time.time()) - meta["start"]
         import pyarrow.parquet as pq
-        from reveal_plugins.telemetry.store import load_run
+        from reveal_plugins.store.store import load_run
         rows = sum(pq.ParquetFile(p).metadata.num_rows for p in segs)
         samples = len(load_run(out).frame.t)
         return {"span_s": span, "segments": len(segs), "channels": len(meta["channels"]),

@@ -52,7 +52,7 @@ class BaselineError(ValueError):
 
 def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                  name: str | None = None) -> dict[str, Any]:
-    from ..telemetry import store
+    from ..store import store
     from ..types import ChannelMeta
     from .boundaries import boundaries, suppressed
     from .config import FOREIGN_KEYS, detect_config

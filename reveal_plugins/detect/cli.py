@@ -25,7 +25,7 @@ def _check_writable_as_root(run_dir: str) -> None:
     import errno
     import os
 
-    from ..telemetry.rundir import RunDirError, open_dir
+    from ..store.rundir import RunDirError, open_dir
     if os.geteuid() != 0:
         return
     try:
@@ -52,8 +52,8 @@ def analyze_main(argv: list[str]) -> int:
                     help="recompute the window features from the raw segments (streaming, "
                     "bounded memory) instead of using the ones stored while the run went on")
     args = ap.parse_args(argv)
-    from ..telemetry.rundir import RunDirError
-    from ..telemetry.store import StoreError
+    from ..store.rundir import RunDirError
+    from ..store.store import StoreError
     from .baseline import BaselineError
 
     cfg: dict = {}
@@ -106,7 +106,7 @@ def job_node_dirs(path: str) -> list[str]:
     copies side by side); [] when ``path`` is a run directory itself or holds none."""
     import os
 
-    from ..telemetry import store
+    from ..store import store
     if not os.path.isdir(path) or os.path.isfile(os.path.join(path, store.META)):
         return []
     return sorted(os.path.join(path, d) for d in os.listdir(path)
@@ -120,8 +120,8 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     import os
 
     from ..analysis import analyze_and_publish
-    from ..telemetry.rundir import RunDirError, write_file
-    from ..telemetry.store import StoreError
+    from ..store.rundir import RunDirError, write_file
+    from ..store.store import StoreError
     from .job import job_report
     items, failed = [], []
     try:
@@ -177,7 +177,7 @@ def baseline_main(argv: list[str]) -> int:
     show = sub.add_parser("show", help="print a baseline's summary")
     show.add_argument("file")
     args = ap.parse_args(argv)
-    from ..telemetry.store import StoreError
+    from ..store.store import StoreError
     from .baseline import BaselineError, fit_baseline, load, save
 
     try:

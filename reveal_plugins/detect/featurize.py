@@ -167,7 +167,7 @@ class Featurizer:
         if self.interval_s is None:
             self.interval_s = median_interval(t) if len(t) > 1 else None
         iv = self.interval_s or 1.0
-        from ..telemetry import store
+        from ..store import store
         np_ = 0 if self._prev_t is None else len(self._prev_t)
         tt = t if not np_ else np.concatenate([self._prev_t, t])
         rr = raw if not np_ else np.vstack([self._prev_raw, raw])

@@ -165,7 +165,7 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
                     if n in idx), None)
     if node_scoped:
         # one node of a shared kernel: its own processes' I/O and memory, not the machine's
-        # (telemetry/nodeprocs.py); the page cache is the machine's, so no cache growth
+        # (probes/nodeprocs.py); the page cache is the machine's, so no cache growth
         for leaf in ("read_bytes", "write_bytes"):
             if f"storage.run.{leaf}" in idx:
                 add(f"storage.foreign.{leaf}", col(f"storage.node.{leaf}")

@@ -13,7 +13,7 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..telemetry import store
+from ..store import store
 from ..types import ChannelMeta
 from .boundaries import boundaries
 from .hinting import hints_for

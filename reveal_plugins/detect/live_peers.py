@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..telemetry import store
+from ..store import store
 from .peers import NodeSeries, compare
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class PeerLive:
         np.savez(buf, t=bt, X=M, it=its, names=np.array(names, dtype=str),
                  units=np.array(units, dtype=str), node=np.array(self.node),
                  key=np.array(self.key), start=np.array(self.start))
-        from ..telemetry.rundir import write_file
+        from ..store.rundir import write_file
         write_file(self.run_dir, FILE, buf.getvalue(), 0o644, sync=False)
 
     # -- compare -------------------------------------------------------------------------

@@ -148,7 +148,7 @@ def _size(path: str) -> int:
 
 
 def _segments(run_dir: str) -> list[str]:
-    from ..telemetry import store
+    from ..store import store
     return store.segment_paths(run_dir)
 
 

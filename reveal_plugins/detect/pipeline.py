@@ -7,7 +7,7 @@
 run directory and never raises for bad data: an empty, constant, truncated or corrupt run gives
 a valid report with a note, and a crash inside the analysis gives a report with ``status:
 failed``.  Only a path that is not a run directory at all raises
-:class:`reveal_plugins.telemetry.store.StoreError` (its message names the path), and a bad
+:class:`reveal_plugins.store.store.StoreError` (its message names the path), and a bad
 setting a ValueError naming the key.
 """
 from __future__ import annotations
@@ -122,7 +122,7 @@ def load_baseline(baseline: Any) -> dict | None:
 
 def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
     """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk)."""
-    from ..telemetry import store
+    from ..store import store
 
     t0 = time.perf_counter()
     meta = store.read_meta(run_dir)   # StoreError (not a run directory) propagates, clearly
@@ -178,7 +178,7 @@ def _report(meta: dict, det, notes: list[str], samples: int, channels: int, nbyt
 
 def _duration(run_dir: str, meta: dict) -> float:
     """How long the run is (meta.json's start/end, else its segments x their length)."""
-    from ..telemetry import store
+    from ..store import store
     a, b = meta.get("start"), meta.get("end")
     if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b >= a:
         return float(b - a)
@@ -190,7 +190,7 @@ def _duration(run_dir: str, meta: dict) -> float:
 def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: dict, bl: dict | None,
                       t0: float) -> dict:
     """A long run (or ``--full``): :mod:`.longrun`, in bounded memory."""
-    from ..telemetry import store
+    from ..store import store
     from .longrun import analyze_long
 
     notes: list[str] = []

@@ -299,7 +299,7 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
     """
     import os
 
-    from ..telemetry import store
+    from ..store import store
 
     warnings: list[str] = []
     seg_dir = os.path.join(run_dir, store.SEGMENTS)

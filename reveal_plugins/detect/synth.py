@@ -150,7 +150,7 @@ class SynthHost:
         """Write a run directory (meta.json + segments) without holding it all in memory."""
         import os
 
-        from ..telemetry.store import SegmentWriter, write_meta
+        from ..store.store import SegmentWriter, write_meta
 
         os.makedirs(run_dir, exist_ok=True)
         w = SegmentWriter(run_dir, self.channels)

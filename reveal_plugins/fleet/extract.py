@@ -5,7 +5,7 @@ an unreadable run becomes a row with ``status = "unreadable"`` and ``error`` say
 
 The pass runs as root over directories their users write (``reveal-runs/*``): the run
 directory is opened once without following a symlink and read through that descriptor, every
-file through :func:`reveal_plugins.telemetry.store.open_regular` (no symlink followed, no
+file through :func:`reveal_plugins.store.store.open_regular` (no symlink followed, no
 FIFO opened blocking, regular files within size caps), segments within the store's expansion
 caps.  Who ran it comes from the file system, not from what the run says: a run directory and
 ``meta.json`` owned by root (the agent's spool, identities from Slurm) are taken at their word;
@@ -97,7 +97,7 @@ def _stored_windows(run_dir: str, meta: dict, window_s: float):
     went on) when it covers every segment: ``(start, end, valid, mean, names, units)``, else
     None (the caller recomputes from the segments)."""
     from ..detect import featstore
-    from ..telemetry import store
+    from ..store import store
     fs = featstore.FeatureStore.for_run(run_dir)
     seqs = [int(store.SEGMENT_RE.match(os.path.basename(p)).group(1))
             for p in store.segment_paths(run_dir)]
@@ -127,7 +127,7 @@ def run_features(run_dir: str, meta: dict, feature_store: bool = True
     wrote), else computed from the segments."""
     from ..detect.boundaries import boundaries, suppressed
     from ..detect.config import FOREIGN_KEYS, detect_config
-    from ..telemetry import store
+    from ..store import store
 
     cfg = detect_config(None, ignore=FOREIGN_KEYS).as_dict()
     got = None
@@ -206,7 +206,7 @@ def _trusted(dir_st: os.stat_result, meta_st: os.stat_result) -> bool:
 
 
 def _read_json(path: str, max_bytes: int, what: str):
-    from ..telemetry import store
+    from ..store import store
     data, st = store.read_bounded(path, max_bytes, what)
     return store.parse_json(data, path), st
 
@@ -243,7 +243,7 @@ def extract_run(run_dir: str, features: bool = True) -> dict[str, Any]:
 
 def _extract(run_dir: str, d: str, dir_st: os.stat_result, row: dict, out: dict, key: str,
              features: bool) -> None:
-    from ..telemetry import store
+    from ..store import store
     try:
         meta, meta_st = _read_json(os.path.join(d, "meta.json"), store.MAX_META_BYTES,
                                    "meta.json")

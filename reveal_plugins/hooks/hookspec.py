@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:  # pragma: no cover
-    from ..telemetry.probe import Probe
+    from ..probes.probe import Probe
     from ..types import RunInfo
 
 PROJECT = "reveal_plugins"

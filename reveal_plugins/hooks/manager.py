@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 # Built-in plugins, registered exactly like a site plugin would be.  A module that fails to
 # import (an optional dependency missing) is skipped with a debug message.
 BUILTIN_PLUGINS = (
-    "reveal_plugins.telemetry.builtin_probes",
+    "reveal_plugins.probes.builtin_probes",
     "reveal_plugins.detect.plugin",
     "reveal_plugins.detect.hints",
     "reveal_plugins.otel.sink",

@@ -204,7 +204,7 @@ def read_tsv(path: str) -> tuple[np.ndarray, list[Column], np.ndarray]:
 def import_file(path: str, out_dir: str, job_id: str | None = None, user: str | None = None,
                 workload: str | None = None, segment_s: float = 10.0) -> list[str]:
     """Write one run directory per host of ``path`` under ``out_dir/<file stem>/<host>``."""
-    from ..telemetry.store import SegmentWriter, write_meta
+    from ..store.store import SegmentWriter, write_meta
     from ..types import ChannelMeta
 
     t, cols, V = read_tsv(path)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Sequence
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 
-from ..telemetry.rundir import write_file
+from ..store.rundir import write_file
 from .config import OtelConfig, redact_url
 
 log = logging.getLogger(__name__)
@@ -341,7 +341,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
 def write_status(run_dir: str, outcome: ExportOutcome) -> None:
     """Record the outcome in ``<run_dir>/otel.json`` (best effort: a read-only run dir is fine).
 
-    Written like every run-directory file (:func:`..telemetry.rundir.write_file`): never
+    Written like every run-directory file (:func:`..store.rundir.write_file`): never
     through a symlink, and as root only into a directory root owns."""
     try:
         write_file(run_dir, STATUS_FILE, json.dumps(outcome.to_dict(), indent=1).encode())

@@ -13,8 +13,8 @@ import json
 import os
 import sys
 
-from ..telemetry.rundir import write_file
-from ..telemetry.store import StoreError
+from ..store.rundir import write_file
+from ..store.store import StoreError
 from ..analysis import report_for
 from . import load
 from .progress import Progress

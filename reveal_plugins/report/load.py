@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import spool
-from ..telemetry import store
+from ..store import store
 from . import views
 
 REQUIRED = ("schema", "run", "telemetry", "anomalies", "summary")

@@ -23,8 +23,9 @@ import traceback
 from typing import Any, Callable
 
 from ..spool import JOB_ID_RE
-from ..telemetry import gpu_ids, pending
-from ..telemetry.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
+from ..probes import gpu_ids
+from ..agent import pending
+from ..agent.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
 from .config import ConfigError, SlurmConfig, load_config
 
 DEFAULT_LOG = "/var/log/reveal/slurm-hooks.log"
@@ -142,7 +143,7 @@ def _is_agent(pid: str, proc: str = "/proc") -> bool:
         if len(uids) != 4 or any(u != b"0" for u in uids):
             return False
         with open(f"{proc}/{pid}/cmdline", "rb") as f:
-            return b"reveal_plugins.telemetry.agent" in f.read(4096)
+            return b"reveal_plugins.agent.daemon" in f.read(4096)
     except OSError:
         return False
 
@@ -181,7 +182,7 @@ def start_agent_detached(spool: str, interval_s: float) -> int | None:
         env["PYTHONPATH"] = os.pathsep.join(
             p for p in (package_parent(), os.environ.get("PYTHONPATH", "")) if p)
         try:
-            p = subprocess.Popen([sys.executable, "-P", "-m", "reveal_plugins.telemetry.agent",
+            p = subprocess.Popen([sys.executable, "-P", "-m", "reveal_plugins.agent.daemon",
                                   "--spool", spool, "--interval", repr(float(interval_s))],
                                  stdin=subprocess.DEVNULL, stdout=logf, stderr=logf,
                                  start_new_session=True, close_fds=True, cwd="/", env=env)
@@ -535,7 +536,7 @@ def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | 
             log("analysis", "WARNING", f"{run_dir}: the agent did not close the run in time; "
                                        "analysing what is on disk", job)
         if finalize is not False:
-            from ..telemetry.finalize import finalize_orphan
+            from ..store.finalize import finalize_orphan
             if finalize_orphan(run_dir, finalize, "epilog") is not None:
                 log("analysis", "WARNING", f"{run_dir}: closed the run its agent left open "
                                            "(end = last stored sample)", job)

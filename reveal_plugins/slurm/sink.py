@@ -72,7 +72,7 @@ def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
 def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any]) -> None:
     if (report.get("run") or {}).get("source") != "slurm":
         return
-    from ..telemetry.rundir import write_file
+    from ..store.rundir import write_file
     try:
         write_file(run_dir, SUMMARY, render_summary(report).encode())
     except OSError as e:

@@ -14,7 +14,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..telemetry.gpu_procs import running_processes
+from ..probes.gpu_procs import running_processes
 
 log = logging.getLogger(__name__)
 

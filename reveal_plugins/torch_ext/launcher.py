@@ -27,7 +27,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from ..telemetry.client import AgentClient, AgentError
+from ..agent.client import AgentClient, AgentError
 from . import markers
 
 log = logging.getLogger(__name__)

@@ -2,7 +2,7 @@
 import itertools
 
 from reveal_plugins.hooks import hookimpl
-from reveal_plugins.telemetry.probe import Probe
+from reveal_plugins.probes.probe import Probe
 from reveal_plugins.types import ChannelMeta
 
 

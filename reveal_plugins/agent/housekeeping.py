@@ -8,13 +8,14 @@ import select
 import time
 
 from ..types import RunInfo
-from . import pending, store
+from . import pending
+from ..store import store
 
 log = logging.getLogger("reveal.agent")
 
 
 class Housekeeping:
-    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the background chores."""
+    """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: the background chores."""
 
     def prune_old_jobs(self, now: float | None = None) -> list[str]:
         """Remove ``<spool>/jobs/<job>`` once every run in it ended more than

@@ -16,7 +16,7 @@ log = logging.getLogger("reveal.agent")
 
 
 class LiveLoop:
-    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: live detection."""
+    """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: live detection."""
 
     def _make_live(self, channels: list[ChannelMeta]):
         try:

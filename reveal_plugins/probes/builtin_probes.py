@@ -17,7 +17,7 @@ log = logging.getLogger(__name__)
 def _optional(module: str, factory: str, *args: Any, **kwargs: Any) -> list:
     """Probes whose module may not exist yet or needs an optional library."""
     try:
-        mod = importlib.import_module(f"reveal_plugins.telemetry.{module}")
+        mod = importlib.import_module(f"reveal_plugins.probes.{module}")
     except ImportError as e:
         log.debug("probe module %s not loaded: %s", module, e)
         return []

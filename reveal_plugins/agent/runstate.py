@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from ..types import ChannelMeta, RunInfo
-from . import store
-from .probe import Probe
+from ..store import store
+from ..probes.probe import Probe
 
 
 @dataclass(frozen=True)
@@ -26,7 +26,7 @@ class RunLimits:
 def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
     """Create the run directory through the hardened helper (as root: no symlinks followed,
     only inside the spool for other users' runs, readable by the run's user alone)."""
-    from .rundir import create_run_dir
+    from ..store.rundir import create_run_dir
     path, spool = os.path.abspath(path), os.path.abspath(spool)
     inside = os.path.commonpath([path, spool]) == spool
     return create_run_dir(path, uid=uid, gid=gid, spool=spool if inside else None)

@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--host-proc", default=os.environ.get("REVEAL_HOST_PROC") or None,
                     help="the machine's /proc, mounted here, when this agent runs in a PID "
                     "namespace of the node's (default $REVEAL_HOST_PROC): the node's processes "
-                    "started from outside it count as the node's (telemetry/nodeprocs.py)")
+                    "started from outside it count as the node's (probes/nodeprocs.py)")
     ap.add_argument("--socket-group", default=None,
                     help="root agent: only this group (and root) may connect (socket 0660)")
     args = ap.parse_args(argv)
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyError:
             ap.error(f"--socket-group {args.socket_group!r}: no such group")
     if args.cpus:
-        from .cpuset import resolve
+        from ..probes.cpuset import resolve
         try:
             config["cpus"] = resolve(args.cpus, "--cpus")
         except ValueError as e:

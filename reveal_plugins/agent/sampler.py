@@ -14,13 +14,13 @@ import numpy as np
 
 from ..hooks import call_safely, get_plugin_manager
 from ..types import ChannelMeta
-from .probe import Probe
+from ..probes.probe import Probe
 
 log = logging.getLogger("reveal.agent")
 
 
 class Sampler:
-    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: probes and the sampling loop."""
+    """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: probes and the sampling loop."""
 
     def _open_probes(self) -> None:
         pm = get_plugin_manager()

@@ -174,7 +174,7 @@ def start_agent(spool: str, interval_s: float = 0.1, exit_when_idle: bool = Fals
     from a source tree needs (the caller already runs with that environment)."""
     spool = os.path.abspath(spool)
     os.makedirs(spool, mode=0o755 if os.geteuid() == 0 else 0o700, exist_ok=True)
-    cmd = [sys.executable, "-P", "-m", "reveal_plugins.telemetry.agent", "--spool", spool,
+    cmd = [sys.executable, "-P", "-m", "reveal_plugins.agent.daemon", "--spool", spool,
            "--interval", repr(float(interval_s)), "--idle-grace", repr(float(idle_grace_s))]
     if exit_when_idle:
         cmd.append("--exit-when-idle")

@@ -14,7 +14,7 @@ from . import protocol
 
 
 class RequestHandler:
-    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the socket protocol."""
+    """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: the socket protocol."""
 
     def privileged(self, uid: int) -> bool:
         return uid in (0, self.uid)

@@ -14,8 +14,10 @@ import numpy as np
 from .. import __version__
 from ..hooks import call_safely
 from ..types import ChannelMeta, RunInfo
-from . import gpu_ids, protocol, store
-from .probe import Probe
+from ..probes import gpu_ids
+from . import protocol
+from ..store import store
+from ..probes.probe import Probe
 from .runstate import RunState, _create_run_dir
 
 log = logging.getLogger("reveal.agent")
@@ -34,7 +36,7 @@ def _finite_or_none(t: Any) -> bool:
         return False
 
 class RunRegistry:
-    """Mixin of :class:`~reveal_plugins.telemetry.agent.Agent`: the registered runs."""
+    """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: the registered runs."""
 
     def adopt_open_runs(self) -> list[str]:
         """Resume the runs a dead agent of this machine left open (``<spool>/jobs/<job>/<host>``
@@ -105,7 +107,7 @@ class RunRegistry:
     def close_unfinished(self) -> list[str]:
         """Write the runs closed while their ``meta.json`` could not be written; returns the
         run directories closed now.  Called at start and by the housekeeping loop."""
-        from .finalize import exit_code_of, finalize_orphan
+        from ..store.finalize import exit_code_of, finalize_orphan
         done = []
         for d, meta in list(self._unfinished.items()):
             try:

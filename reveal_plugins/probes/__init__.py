@@ -1,0 +1,1 @@
+"""Probes: every source of telemetry (a new source goes here)."""

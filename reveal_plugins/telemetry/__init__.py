@@ -1,1 +1,0 @@
-"""Telemetry: probes, the sampling agent, the segment store and channel metadata."""
