@@ -19,6 +19,8 @@ def _optional(module: str, factory: str, *args: Any, **kwargs: Any) -> list:
     try:
         mod = importlib.import_module(f"reveal_plugins.probes.{module}")
     except ImportError as e:
+        if (e.name or "").startswith("reveal_plugins"):
+            raise     # our own module missing is a bug, not an optional library
         log.debug("probe module %s not loaded: %s", module, e)
         return []
     f = getattr(mod, factory, None)

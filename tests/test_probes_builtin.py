@@ -1,0 +1,25 @@
+"""The built-in probe plugin finds every probe module of the package: an optional probe is one
+whose *library* may be missing (pynvml), never one of ours under a wrong name (after the move
+out of ``telemetry/`` the old name silently dropped perf, cpufreq, hwmon, qdisc and the run's
+process-tree accounting)."""
+import os
+
+import pytest
+
+from reveal_plugins.probes import builtin_probes
+from reveal_plugins.types import RunInfo
+
+
+def test_host_and_run_probes_come_from_their_modules():
+    host = builtin_probes.reveal_register_probes(config={})
+    mods = {type(p).__module__ for p in host}
+    assert {"reveal_plugins.probes.procfs", "reveal_plugins.probes.cpufreq",
+            "reveal_plugins.probes.hwmon", "reveal_plugins.probes.infiniband"} <= mods, mods
+    run = RunInfo(run_id="t", run_dir="/nonexistent", pids=[os.getpid()])
+    runp = builtin_probes.reveal_register_run_probes(run=run, config={})
+    assert "reveal_plugins.probes.cgroup" in {type(p).__module__ for p in runp}, runp
+
+
+def test_a_missing_module_of_ours_is_an_error_not_an_absent_probe():
+    with pytest.raises(ImportError):
+        builtin_probes._optional("no_such_probe_module", "X")
