@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fixtures_report import empty_report, make_empty_run, make_report, make_run
 
-from reveal_plugins.report.cli import main as report_main
+from reveal_plugins.commands.report import main as report_main
 from reveal_plugins.report.html import render_html, render_job_html
 
 ARTIFACTS = pathlib.Path(__file__).parent / "artifacts"

@@ -9,7 +9,7 @@ import jsonschema
 from conftest import SCHEMA_PATH
 from fixtures_report import empty_report, make_empty_run, make_report, make_run
 
-from reveal_plugins.report.cli import main as report_main
+from reveal_plugins.commands.report import main as report_main
 from reveal_plugins.report.text import render_text
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

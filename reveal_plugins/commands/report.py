@@ -16,8 +16,8 @@ import sys
 from ..store.rundir import write_file
 from ..store.store import StoreError
 from ..analysis import report_for
-from . import load
-from .progress import Progress
+from ..report import load
+from ..report.progress import Progress
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
                 doc = job_doc(reports, job_id, progress)
             _write(json.dumps(doc, indent=1) + "\n", args.out)
         elif args.format == "html":
-            from .html import render_job_html
+            from ..report.html import render_job_html
             try:
                 import matplotlib  # noqa: F401
             except ImportError:
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"wrote {out} ({os.path.getsize(out) / 1024:.0f} KiB); open it in a "
                       "browser (works offline)", file=sys.stderr)
         else:
-            from .text import render_job_text
+            from ..report.text import render_job_text
             color = {"always": True, "never": False}.get(args.color)
             if color is None and args.out not in (None, "-"):
                 color = False

@@ -54,7 +54,7 @@ def analyze_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     from ..store.rundir import RunDirError
     from ..store.store import StoreError
-    from .baseline import BaselineError
+    from ..detect.baseline import BaselineError
 
     cfg: dict = {}
     if args.window:
@@ -69,7 +69,7 @@ def analyze_main(argv: list[str]) -> int:
     try:
         _check_writable_as_root(args.run_dir)
         if args.baseline:   # fail early and clearly on a bad baseline file
-            from .baseline import load
+            from ..detect.baseline import load
             load(args.baseline)
         try:
             from ..analysis import analyze_and_publish
@@ -79,7 +79,7 @@ def analyze_main(argv: list[str]) -> int:
             report = analyze_and_publish(args.run_dir, cfg, baseline=args.baseline,
                                          publish=not args.no_publish)
         else:  # pragma: no cover - the lead's module is part of the package
-            from . import analyze
+            from ..detect import analyze
             report = analyze(args.run_dir, cfg, args.baseline)
     except (StoreError, BaselineError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
@@ -122,7 +122,7 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     from ..analysis import analyze_and_publish
     from ..store.rundir import RunDirError, write_file
     from ..store.store import StoreError
-    from .job import job_report
+    from ..detect.job import job_report
     items, failed = [], []
     try:
         for d in nodes:
@@ -178,7 +178,7 @@ def baseline_main(argv: list[str]) -> int:
     show.add_argument("file")
     args = ap.parse_args(argv)
     from ..store.store import StoreError
-    from .baseline import BaselineError, fit_baseline, load, save
+    from ..detect.baseline import BaselineError, fit_baseline, load, save
 
     try:
         if args.cmd == "show":
