@@ -135,21 +135,20 @@ class AgentClient:
         d = run.to_dict() if hasattr(run, "to_dict") else dict(run)
         if d.get("run_dir"):   # relative to this process, not to the agent (it runs in /)
             d["run_dir"] = os.path.abspath(d["run_dir"])
-        req: dict[str, Any] = {"op": "register", "run": d}
+        req = protocol.register_request(d)
         if watch:
             req["watch"] = True
         return self.request(req)["run_dir"]
 
     def event(self, run_id: str, event: str, t: float | None = None, **fields: Any) -> None:
-        self.request({"op": "event", "run_id": run_id, "event": event,
-                      "t": time.time() if t is None else t, **fields})
+        self.request(protocol.event_request(run_id, event, time.time() if t is None else t,
+                                            **fields))
 
     def unregister(self, run_id: str, exit_code: int | None = None,
                    timeout: float | None = None) -> str:
         """Close a run; returns its directory.  ``last_reply["write_error"]`` tells whether the
         agent failed to write part of the telemetry (disk full ...)."""
-        self.last_reply = self.request({"op": "unregister", "run_id": run_id,
-                                        "exit_code": exit_code}, timeout)
+        self.last_reply = self.request(protocol.unregister_request(run_id, exit_code), timeout)
         return self.last_reply["run_dir"]
 
     def status(self) -> dict[str, Any]:

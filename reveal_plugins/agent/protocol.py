@@ -22,6 +22,26 @@ IDLE_TIMEOUT_S = 10.0
 OPS = ("ping", "status", "register", "event", "unregister", "shutdown")
 
 
+def register_request(run: dict[str, Any]) -> dict[str, Any]:
+    """``register``: ``run`` is a RunInfo as a dict (docs/protocol.md)."""
+    return {"op": "register", "run": run}
+
+
+def event_request(run_id: str, event: str, t: float | None = None, **fields: Any
+                  ) -> dict[str, Any]:
+    """``event``: a step marker, an iteration, an elastic event... of a registered run."""
+    req: dict[str, Any] = {"op": "event", "run_id": run_id, "event": event}
+    if t is not None:
+        req["t"] = t
+    req.update(fields)
+    return req
+
+
+def unregister_request(run_id: str, exit_code: int | None = None) -> dict[str, Any]:
+    """``unregister``: the run ended (``exit_code`` None when unknown)."""
+    return {"op": "unregister", "run_id": run_id, "exit_code": exit_code}
+
+
 class ProtocolError(ValueError):
     """A line that is not a valid request or reply (the message says why)."""
 

@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from ..spool import JOB_ID_RE
 from ..probes import gpu_ids
-from ..agent import pending
+from ..agent import pending, protocol
 from ..agent.client import AgentBusy, AgentClient, AgentUnreachable, queue_request
 from .config import ConfigError, SlurmConfig, load_config
 
@@ -276,7 +276,7 @@ def prolog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     run = run_info(env, cfg)
     spool = cfg.spool_dir()
     sock = os.path.join(spool, "agent.sock")
-    req = {"op": "register", "run": run}
+    req = protocol.register_request(run)
     try:
         reply = agent_request(sock, req, _remaining(deadline) * 0.8)
     except AgentBusy as e:
@@ -312,7 +312,7 @@ def epilog(cfg: SlurmConfig, env: dict[str, str], deadline: float) -> None:
     run_dir = os.path.join(spool, "jobs", job, host)
     ec = env.get("SLURM_JOB_EXIT_CODE2", "")
     exit_code = int(ec.split(":")[0]) if ec.split(":")[0].isdigit() else None
-    req = {"op": "unregister", "run_id": f"slurm-{job}", "exit_code": exit_code}
+    req = protocol.unregister_request(f"slurm-{job}", exit_code)
     wait_closed = False
     orphan = False  # the agent died: the analysis closes the run from what is on disk
     by_spank = env.get("REVEAL_SPANK_UNREGISTERED")
@@ -412,7 +412,7 @@ def task_hook(event: str, cfg: SlurmConfig, env: dict[str, str], deadline: float
     fields: dict[str, Any] = {"step_id": _step_name(env), "source": "task-hook"}
     if event == "step_end":
         fields["exit_code"] = None
-    req = {"op": "event", "run_id": f"slurm-{job}", "event": event, "t": time.time(), **fields}
+    req = protocol.event_request(f"slurm-{job}", event, time.time(), **fields)
     sock = os.path.join(cfg.spool_dir(), "agent.sock")
     # The task hooks run as the job's user, who cannot queue into root's pending/: a request
     # that did not reach the agent (full backlog) is tried again while the budget lasts, and

@@ -27,6 +27,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+from ..agent import protocol
 from ..agent.client import AgentClient, AgentError
 from . import markers
 
@@ -295,7 +296,7 @@ class _Session:
             return False
         try:
             replies = AgentClient(path, timeout=5.0).batch(
-                [{"op": "event", "run_id": run.run_id, **e} for e in events])
+                [protocol.event_request(run.run_id, **e) for e in events])
         except AgentError as e:
             log.debug("batched events not sent (%s)", e)
             return False

@@ -535,6 +535,77 @@ static void safe_copy(char *dst, size_t n, const char *src)
 
 /* "0,1" -> "[0,1]"; entries that are not plain indices ("", "a", "GPU-<uuid>", over 6
  * digits) are skipped, so "0,,1" gives [0,1] and "," gives null: always valid JSON. */
+/* ``"src"`` as a JSON string (quotes included) of at most n bytes: printable ASCII kept,
+ * '"' and '\\' escaped, anything else (control characters, bytes of other encodings, which
+ * could make the whole request invalid UTF-8) becomes '?'.  User strings (job names) pass
+ * through here. */
+static void json_str(char *dst, size_t n, const char *src, size_t max_in)
+{
+	size_t o = 0;
+
+	if (n < 3) {
+		if (n)
+			dst[0] = '\0';
+		return;
+	}
+	dst[o++] = '"';
+	for (size_t i = 0; src && src[i] && i < max_in; i++) {
+		unsigned char c = (unsigned char) src[i];
+		int esc = c == '"' || c == '\\';
+		if (o + (esc ? 2 : 1) + 2 > n)
+			break;
+		if (esc)
+			dst[o++] = '\\';
+		dst[o++] = (c >= 0x20 && c < 0x7f) ? (char) c : '?';
+	}
+	dst[o++] = '"';
+	dst[o] = '\0';
+}
+
+/* Append `, "key": "<getenv(env)>"` to dst (length *len, size n) when env is set and not
+ * empty: the Slurm fields the Python Prolog registers too (hooks.run_info). */
+static void extra_env(char *dst, size_t n, size_t *len, const char *key, const char *env)
+{
+	const char *v = getenv(env);
+	char val[520];
+
+	if (v == NULL || v[0] == '\0')
+		return;
+	json_str(val, sizeof(val), v, 512);
+	int w = snprintf(dst + *len, n - *len, ", \"%s\": %s", key, val);
+	if (w > 0 && (size_t) w < n - *len)
+		*len += (size_t) w;
+	else
+		dst[*len] = '\0';
+}
+
+/* `, "gpu_spec": {...}` as gpu_ids.spec_from_env builds it: the agent resolves it to NVML
+ * devices (UUIDs, MIG ids, PCI order), which a bare index list cannot carry. */
+static void gpu_spec_json(char *dst, size_t n)
+{
+	static const char *const keys[] = {"SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES"};
+	char val[1040];
+	const char *jid = getenv("SLURM_JOB_ID");
+
+	dst[0] = '\0';
+	for (size_t k = 0; k < 2; k++) {
+		const char *v = getenv(keys[k]);
+		while (v && isspace((unsigned char) *v))
+			v++;
+		if (v == NULL || v[0] == '\0' || strcasecmp(v, "nodevfiles") == 0 ||
+		    strcasecmp(v, "none") == 0)
+			continue;
+		char trimmed[1025];
+		snprintf(trimmed, sizeof(trimmed), "%s", v);
+		for (size_t e = strlen(trimmed); e > 0 && isspace((unsigned char) trimmed[e - 1]);)
+			trimmed[--e] = '\0';
+		json_str(val, sizeof(val), trimmed, 1024);
+		snprintf(dst, n, ", \"gpu_spec\": {\"source\": \"%s\", \"value\": %s, "
+			 "\"slurm\": %s}", keys[k], val, jid && jid[0] ? "true" : "false");
+		return;
+	}
+}
+
 static void gpu_list_json(char *dst, size_t n, const char *list)
 {
 	size_t len = 0;
@@ -658,7 +729,9 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	uint32_t jid = 0;
 	uid_t uid = 0;
 	gid_t gid = 0;
-	char host[128], user[128], gpus[256], part[128], gpus_json[300], json[8192];
+	char host[128], user[128], gpus[256], gpus_json[300], json[8192];
+	char extra[3000], spec[1200];
+	size_t elen = 0;
 	char gid_json[16], user_json[132];
 	char reply[1024];
 	struct passwd pw, *pwp = NULL;
@@ -683,7 +756,13 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	if (gpus[0] == '\0')
 		safe_copy(gpus, sizeof(gpus), getenv("CUDA_VISIBLE_DEVICES"));
 	gpu_list_json(gpus_json, sizeof(gpus_json), gpus);
-	safe_copy(part, sizeof(part), getenv("SLURM_JOB_PARTITION"));
+	extra[0] = '\0';
+	extra_env(extra, sizeof(extra), &elen, "partition", "SLURM_JOB_PARTITION");
+	extra_env(extra, sizeof(extra), &elen, "nodelist", "SLURM_JOB_NODELIST");
+	extra_env(extra, sizeof(extra), &elen, "account", "SLURM_JOB_ACCOUNT");
+	extra_env(extra, sizeof(extra), &elen, "job_name", "SLURM_JOB_NAME");
+	extra_env(extra, sizeof(extra), &elen, "cluster", "SLURM_CLUSTER_NAME");
+	gpu_spec_json(spec, sizeof(spec));
 	if (host[0] == '\0') {
 		slurm_error("reveal: job_prolog: unusable node name; job %u not recorded", jid);
 		return 0;
@@ -700,10 +779,10 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 		     "{\"op\": \"register\", \"run\": {\"run_id\": \"slurm-%u\", "
 		     "\"source\": \"slurm\", \"host\": \"%s\", \"job_id\": \"%u\", "
 		     "\"run_dir\": \"%s/jobs/%u/%s\", \"user\": %s, \"uid\": %u, \"gid\": %s, "
-		     "\"gpus\": %s, \"extra\": {\"partition\": \"%s\", "
-		     "\"registered_by\": \"spank\"%s}}}\n",
+		     "\"gpus\": %s, \"cgroup\": null, "
+		     "\"extra\": {\"registered_by\": \"spank\"%s%s%s}}}\n",
 		     jid, host, jid, spool, jid, host, user_json, (unsigned) uid, gid_json,
-		     gpus_json, part, default_mode == MODE_LIVE ? ", \"live\": true" : "")
+		     gpus_json, extra, default_mode == MODE_LIVE ? ", \"live\": true" : "", spec)
 	    >= (int) sizeof(json)) {
 		slurm_error("reveal: job_prolog: request too long; job %u not recorded", jid);
 		return 0;
