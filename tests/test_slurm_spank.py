@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 
 import pytest
 
@@ -169,8 +170,12 @@ def test_timing_file_only_where_root_owns_and_never_through_a_symlink(slurm_clus
             assert slurm_cluster.node_state() == "idle"
             log = _slurmd_log_since(slurm_cluster, off)
             assert f"timing={path}" in log and cause in log, log[-3000:]
-            meta = json.load(open(os.path.join(slurm_cluster.run_dir(job.job_id),
-                                               "meta.json")))
+            # a cold-started agent takes the queued registration once it is up (seconds)
+            mpath = os.path.join(slurm_cluster.run_dir(job.job_id), "meta.json")
+            deadline = time.monotonic() + 60
+            while not os.path.exists(mpath) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            meta = json.load(open(mpath))
             assert meta["run"]["extra"].get("registered_by") == "spank"   # still recorded
         assert not os.path.exists(os.path.join(open_dir, "t.log"))
         assert open(victim).read() == "untouched\n"
