@@ -45,7 +45,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     if report is None:
         raise AnalysisUnavailable("no analysis plugin is installed (reveal_analyze returned "
                                   "nothing)")
-    if report.get("status") not in ("ok", "partial", "failed"):
+    if report.get("status") not in ("ok", "partial", "failed", "not_analysed"):
         report["status"] = "ok"     # a site analyzer that predates the field
         report.setdefault("status_reason", None)
     data = json.dumps(report, indent=1, sort_keys=False, default=_json_default).encode()

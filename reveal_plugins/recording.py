@@ -224,6 +224,9 @@ class Recording:
         color = self.stream.isatty() and not os.environ.get("NO_COLOR")
         print(summary_text(self.report, self.run_dir, color=color),
               file=self.stream)
+        if self.report.get("status") == "not_analysed":
+            print(f"reveal: NOT ANALYSED ({self.report.get('status_reason')}); the telemetry "
+                  f"is kept in {self.run_dir}", file=self.stream)
         if self.report.get("status") == "failed":
             print(f"reveal: analysis FAILED ({self.report.get('status_reason')}); the telemetry "
                   f"is kept: retry with `reveal analyze {self.run_dir}`", file=self.stream)

@@ -2,6 +2,7 @@
 import json
 import subprocess
 import sys
+import time
 
 from reveal_plugins.hooks import call_safely
 from reveal_plugins.probes.procfs import PROCFS_PROBES
@@ -37,10 +38,13 @@ def test_samples_move_with_the_machine():
     stat = probes["procfs.stat"]
     i = [c.name for c in stat.channels].index("cpu.all.user")
     a = stat.sample()[i]
-    x = 0
-    for k in range(3_000_000):
-        x += k
-    b = stat.sample()[i]
+    x, t0 = 0, time.monotonic()
+    while True:            # burn CPU until the counter moves (a loaded machine: up to 5 s)
+        for k in range(1_000_000):
+            x += k
+        b = stat.sample()[i]
+        if b > a or time.monotonic() - t0 > 5:
+            break
     assert b > a
     for p in probes.values():
         if p.available:

@@ -84,7 +84,7 @@ def analyze_main(argv: list[str]) -> int:
     except (StoreError, BaselineError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return 2
-    failed = report.get("status") == "failed"
+    failed = report.get("status") in ("failed", "not_analysed")
     if args.json:
         json.dump(report, sys.stdout, indent=1)
         print()
@@ -95,7 +95,8 @@ def analyze_main(argv: list[str]) -> int:
         except ImportError:  # pragma: no cover
             print(report.get("summary", ""))
     if failed:
-        print(f"reveal analyze: analysis of {args.run_dir} FAILED: "
+        what = "FAILED" if report.get("status") == "failed" else "NOT ANALYSED"
+        print(f"reveal analyze: {args.run_dir}: {what}: "
               f"{report.get('status_reason')}", file=sys.stderr)
         return 1
     return 0

@@ -409,6 +409,8 @@ def _fit(S, fit_s, det_cols, pos_full, names, floors, rels, ws, cfg, notes, out)
             dnames.append(getattr(d, "name", type(d).__name__))
         except Exception as e:
             notes.append(f"detector {getattr(d, 'name', d)!r} failed: {type(e).__name__}: {e}")
+    if not dets:
+        notes.append(stages.NO_DETECTOR)
     model.scaler, model.dets, model.norms = scaler, dets, norms
     out.analysis.update({"detectors": dnames, "channels_analysed": int(len(det_cols)),
                          "channels_modelled": int(len(mcols)), "pruned": len(rep)})

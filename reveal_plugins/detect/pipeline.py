@@ -25,7 +25,7 @@ from . import gpu, stages
 from .config import FOREIGN_KEYS, DetectConfig, detect_config
 from .hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
 from .prepare import Prepared, load_prepared, prepare
-from .report import failed_report, partial_reason, run_section, summary, telemetry_section, SCHEMA
+from .report import failed_report, run_section, summary, telemetry_section, verdict_status, SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -166,8 +166,8 @@ def _report(meta: dict, det, notes: list[str], samples: int, channels: int, nbyt
     det.analysis["seconds"] = round(time.perf_counter() - t0, 3)
     if bl is not None:
         det.analysis.setdefault("baseline", {})["file"] = bl.get("_path")
-    reason = partial_reason(notes)
-    rep = {"schema": SCHEMA, "status": "partial" if reason else "ok", "status_reason": reason,
+    status, reason = verdict_status(notes, samples)
+    rep = {"schema": SCHEMA, "status": status, "status_reason": reason,
            "run": run_section(meta, det.t_first, det.t_last),
            "telemetry": telemetry_section(meta, samples, channels, nbytes, None),
            "anomalies": det.anomalies, "observations": det.observations, "notes": notes,

@@ -65,7 +65,28 @@ def telemetry_section(meta: dict, samples: int, channels: int, bytes_stored: int
             "bytes_stored": int(max(bytes_stored, 0)), "probes": probes}
 
 
-STATUSES = ("ok", "partial", "failed")
+STATUSES = ("ok", "partial", "failed", "not_analysed")
+
+
+def verdict_status(notes: list[str], samples: int) -> tuple[str, str | None]:
+    """``(status, status_reason)`` of a finished detection from its notes: ``failed`` when no
+    detector ran, ``not_analysed`` when no window could be judged (too short, too gappy, no
+    or unreadable telemetry), ``partial`` when part of the input or analysis was lost."""
+    if any(n.startswith("no detector ran") for n in notes):
+        return "failed", next(n for n in notes if n.startswith("no detector ran"))
+    unreadable = [n.split(": skipped unreadable segment")[0] for n in notes
+                  if "skipped unreadable segment" in n]
+    if samples == 0:
+        if unreadable:
+            return "not_analysed", (f"telemetry unreadable: {len(unreadable)} segment(s) could "
+                                    f"not be read ({unreadable[0]}"
+                                    + (", ..." if len(unreadable) > 1 else "") + ")")
+        return "not_analysed", "no telemetry samples were recorded"
+    short = next((n for n in notes if "nothing to analyse" in n), None)
+    if short:
+        return "not_analysed", short
+    reason = partial_reason(notes)
+    return ("partial" if reason else "ok"), reason
 
 
 def empty_report(meta: dict, notes: list[str], samples: int = 0, channels: int = 0,
@@ -121,13 +142,18 @@ def summary(rep: dict, max_anomalies: int = 5) -> str:
     if rep.get("status") == "failed":
         lines.append(f"ANALYSIS FAILED ({rep.get('status_reason')}): no conclusion about this "
                      "run; the absence of anomalies means nothing. Re-run `reveal analyze DIR`.")
+    elif rep.get("status") == "not_analysed":
+        lines.append(f"NOT ANALYSED ({rep.get('status_reason')}): no window was judged, so "
+                     "nothing can be said about this run.")
+    elif not an and rep.get("status") == "partial":
+        lines.append("No anomalies found by the part of the analysis that ran.")
     elif not an:
         lines.append("No anomalies found: the machine behaved consistently during this run.")
-    if rep.get("status") == "partial":
-        lines.append(f"(partial analysis: {rep.get('status_reason')})")
     else:
         lines.append(f"{len(an)} anomal{'y' if len(an) == 1 else 'ies'} found "
                      f"(strongest first):")
+    if rep.get("status") == "partial":
+        lines.append(f"(partial analysis: {rep.get('status_reason')})")
     for a in sorted(an, key=lambda a: -a["score"])[:max_anomalies]:
         d = a["end"] - a["start"]
         imp = (a.get("impact") or {}).get("text")

@@ -80,6 +80,10 @@ def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: 
                        channel_floors(P.names, P.units), rel_floors(P.units), keep, per_core)
 
 
+#: The note of a run no detector could score (every one failed): nothing was judged.
+NO_DETECTOR = "no detector ran: every detector failed"
+
+
 @dataclass
 class ModelStage:
     """The fused score of the unsupervised detectors and the windows it flags."""
@@ -148,6 +152,8 @@ def model_stage(P: Prepared, W: WindowStage, cfg: dict, notes: list[str], analys
             names.append(getattr(d, "name", type(d).__name__))
         except Exception as e:  # one broken detector must not cost the analysis
             notes.append(f"detector {getattr(d, 'name', d)!r} failed: {type(e).__name__}: {e}")
+    if not normed:
+        notes.append(NO_DETECTOR)
     fused = fuse(normed) if normed else np.zeros(m)
     flag = hysteresis(fused, W.flaggable, cfg["threshold"], cfg["threshold"] * cfg["low_fraction"])
     analysis.update({"detectors": names, "channels_analysed": int(len(det_cols)),

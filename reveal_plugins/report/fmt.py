@@ -235,8 +235,8 @@ def one_line_summary(report: dict) -> str | None:
 def checked_text(report: dict) -> str | None:
     """How much the analysis looked at, so that "no anomalies" can be trusted."""
     an = report.get("analysis") or {}
-    if not an.get("windows"):
-        return None
+    if not an.get("windows") or report.get("status") in ("not_analysed", "failed"):
+        return None     # nothing was judged: no "checked N windows" to trust
     what = f"checked {an['windows']} windows of {duration(an.get('window_s'))}"
     if an.get("channels_analysed") is not None:
         what += (f" over {an['channels_analysed']} of {an.get('channels_in', '?')} channels"

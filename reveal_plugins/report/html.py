@@ -403,6 +403,10 @@ def _verdict(rep: dict, view: RunView | None) -> str:
                 "there is nothing to compare.</p>")
     if rep.get("analysed") is False:
         return f"<p class='verdict none'><b>{esc(rep.get('summary'))}</b></p>"
+    if rep.get("status") in ("not_analysed", "failed"):
+        what = "Not analysed" if rep.get("status") == "not_analysed" else "Analysis failed"
+        return (f"<p class='verdict none'><b>{what}</b> ({esc(rep.get('status_reason'))}): no "
+                "window was judged; the absence of anomalies means nothing.</p>")
     extra = " ".join(esc(x) + "." for x in (fmt.one_line_summary(rep),) if x)
     checked = fmt.checked_text(rep)
     notes = "".join(f"<br><span class='muted small'>note: {esc(n)}</span>"

@@ -260,6 +260,11 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
                    ": no window was judged; the absence of anomalies means nothing.")
         out.append("  Re-run `reveal analyze DIR` with more memory or time; the telemetry is "
                    "kept.")
+    elif report.get("status") == "not_analysed" and "unreadable" in str(
+            report.get("status_reason")):
+        out.append(s("⚠ Telemetry unreadable", "bold", "yellow")
+                   + f" ({report.get('status_reason')}): it was recorded but cannot be read; "
+                   "nothing was judged.")
     elif not tel.get("samples") and not (view is not None and len(view.frame.t)):
         out.append(s("No telemetry was recorded for this run", "bold", "yellow")
                    + f" (it lasted {fmt.duration(report['run']['end'] - report['run']['start'])};"
@@ -272,6 +277,12 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     elif not analysed:
         out.append(s(report.get("summary", "Not analysed."), "bold", "yellow"))
         out.append("  Run `reveal analyze DIR` once the detection plugin is installed.")
+    elif report.get("status") == "not_analysed":
+        out.append(s("⚠ Not analysed", "bold", "yellow") + f" ({report.get('status_reason')}):"
+                   " no window was judged; the absence of anomalies means nothing.")
+    elif not anomalies and report.get("status") == "partial":
+        out.append(s("⚠ No anomalies found by the part of the analysis that ran", "bold",
+                     "yellow"))
     elif not anomalies:
         out.append(s("✓ No anomalies", "bold", "green") + ": the hardware and OS signals stayed "
                    "within what this run itself showed as normal.")

@@ -46,6 +46,8 @@ def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
     if report.get("status") == "failed":
         lines.append(f"  ANALYSIS FAILED ({report.get('status_reason')}): no conclusion; "
                      "re-run `reveal analyze` on the run directory")
+    elif report.get("status") == "not_analysed":
+        lines.append(f"  NOT ANALYSED ({report.get('status_reason')}): no conclusion")
     elif (report.get("analysis") or {}).get("stopped"):
         lines.append(f"  ANALYSIS STOPPED ({report.get('status_reason')}): no conclusion; "
                      "re-run `reveal analyze` on the run directory with more memory or time")
