@@ -24,6 +24,10 @@ def _parser() -> argparse.ArgumentParser:
                     help="sampling interval in seconds (0.01-60, default 0.1)")
     ap.add_argument("--live", action="store_true", help="also detect while the run goes on")
     ap.add_argument("--no-analyze", action="store_true", help="only record")
+    ap.add_argument("--force", action="store_true",
+                    help="--out DIR already holds a run: remove that run's files first "
+                         "(meta.json, events.jsonl, report.json, segments/, features/; "
+                         "nothing else in DIR)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
     return ap
 
@@ -40,11 +44,69 @@ def main(argv: list[str] | None = None) -> int:
         interval = validate_interval(args.interval)
     except ValueError as e:
         ap.error(f"--interval: {e}")
+    if args.out:
+        try:
+            old = existing_run(args.out)
+            if old and not args.force:
+                print(f"reveal record: --out {args.out} already holds a run ({old}); two runs "
+                      "in one directory mix their telemetry and reports. Choose another "
+                      "directory, or pass --force to remove that run first.", file=sys.stderr)
+                return 2
+            if old:
+                remove_run(args.out)
+                print(f"reveal record: removed the earlier run in {args.out} (--force)",
+                      file=sys.stderr)
+        except OSError as e:
+            print(f"reveal record: --out {args.out}: {e.strerror or e}", file=sys.stderr)
+            return 2
     with Recording(out=args.out, interval_s=interval, source="local", command=cmd,
                    live=args.live, analyze=not args.no_analyze) as rec:
         rc = run_forwarding_signals(cmd)
         rec.exit_code = rc
     return rc
+
+
+#: What a run directory holds (docs: README "Run directory"); --force removes these only.
+RUN_FILES = ("meta.json", "events.jsonl", "report.json", ".running")
+RUN_DIRS = ("segments", "features")
+
+
+def existing_run(path: str) -> str | None:
+    """A description of the run already in ``path`` (its command and start), else None."""
+    import json
+    import time
+    meta = os.path.join(path, "meta.json")
+    if not os.path.lexists(meta):
+        if any(os.path.lexists(os.path.join(path, n)) for n in RUN_DIRS + ("events.jsonl",)):
+            return "segments or events of an earlier run"
+        return None
+    try:
+        with open(meta) as f:
+            m = json.load(f)
+        run = m.get("run") or {}
+        cmd = run.get("command") or (run.get("extra") or {}).get("command")
+        start = m.get("start") or run.get("start")
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(start)) if isinstance(
+            start, (int, float)) else "unknown start"
+        what = " ".join(cmd) if isinstance(cmd, list) else (cmd or "unknown command")
+        return f"{what!r}, started {when}"
+    except (OSError, ValueError, TypeError):
+        return "an unreadable meta.json"
+
+
+def remove_run(path: str) -> None:
+    """Remove the run files of ``path`` (never following a symlink out of it)."""
+    import shutil
+    for n in RUN_FILES:
+        p = os.path.join(path, n)
+        if os.path.lexists(p):
+            os.unlink(p)
+    for n in RUN_DIRS:
+        p = os.path.join(path, n)
+        if os.path.islink(p):
+            os.unlink(p)
+        elif os.path.isdir(p):
+            shutil.rmtree(p)
 
 
 def run_forwarding_signals(cmd: list[str]) -> int:
