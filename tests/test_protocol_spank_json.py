@@ -54,6 +54,7 @@ ENV = {"SLURM_JOB_ID": "4242", "SLURM_JOB_UID": "1000", "SLURM_JOB_GID": "1000",
        "SLURM_JOB_USER": "alice", "SLURMD_NODENAME": "n7", "SLURM_JOB_PARTITION": "gpu",
        "SLURM_JOB_NODELIST": "n[7-8]", "SLURM_JOB_ACCOUNT": "proj1",
        "SLURM_JOB_NAME": 'train "big" \\ model', "SLURM_CLUSTER_NAME": "alps",
+       "SLURM_CPUS_ON_NODE": "8",
        "SLURM_JOB_GPUS": "0,2", "CUDA_VISIBLE_DEVICES": "GPU-1234,GPU-5678",
        "SLURM_JOB_EXIT_CODE2": "3:0", "SLURM_STEP_ID": "0", "SLURM_LOCALID": "0",
        "PATH": "/usr/bin:/bin"}

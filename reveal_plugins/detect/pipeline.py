@@ -121,7 +121,23 @@ def load_baseline(baseline: Any) -> dict | None:
 
 
 def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
-    """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk)."""
+    """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk),
+    with the job's own efficiency (:mod:`.efficiency`) beside the anomalies."""
+    rep = _analyze(run_dir, config, baseline)
+    try:
+        from .efficiency import job_efficiency
+        from ..store import store
+        eff = job_efficiency(run_dir, store.read_meta(run_dir))
+    except Exception as e:  # noqa: BLE001 - a figure we cannot compute costs no report
+        log.warning("job efficiency of %s not computed: %s", run_dir, e)
+        rep.setdefault("notes", []).append(f"job efficiency not computed: {type(e).__name__}")
+        eff = None
+    if eff:
+        rep["efficiency"] = eff
+    return rep
+
+
+def _analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
     from ..store import store
 
     t0 = time.perf_counter()

@@ -191,6 +191,17 @@ def root_attributes(report: dict[str, Any], meta: dict[str, Any] | None) -> dict
     _put(a, "reveal.duration_s", float(run.get("end", 0)) - float(run.get("start", 0)))
     for k in ("interval_s", "samples", "channels", "bytes_stored"):
         _put(a, f"reveal.telemetry.{k}", tel.get(k))
+    eff = report.get("efficiency") or {}
+    cpu, mem = eff.get("cpu") or {}, eff.get("memory") or {}
+    _put(a, "reveal.job.cpu.cores_used", cpu.get("cores_used_mean"))
+    _put(a, "reveal.job.cpu.cores_allocated", cpu.get("cores_allocated"))
+    _put(a, "reveal.job.cpu.efficiency_pct", cpu.get("efficiency_pct"))
+    _put(a, "reveal.job.memory.peak_bytes", mem.get("peak_bytes"))
+    _put(a, "reveal.job.memory.limit_bytes", mem.get("limit_bytes"))
+    for g in eff.get("gpus") or []:
+        _put(a, f"reveal.job.gpu.{g['index']}.util_mean_pct", g.get("util_mean_pct"))
+    if eff.get("notes"):
+        _put(a, "reveal.job.efficiency_notes", [str(n) for n in eff["notes"]])
     probes = tel.get("probes") or []
     _put(a, "reveal.telemetry.probes.available",
          sorted(p["name"] for p in probes if p.get("available")))

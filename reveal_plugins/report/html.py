@@ -431,6 +431,7 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
         parts.append(f"<h2>{esc(node)}</h2>")
     parts.append(_verdict(rep, view))
     parts.append(_meta_table(rep, view))
+    parts.append(_efficiency(rep))
     parts.append(_anomaly_table(rep, view))
     parts.append(gpu_html_section(rep))
     parts.append(_hints(rep))
@@ -448,6 +449,18 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
     parts.append(_probes(rep))
     parts.append("</section>")
     return "\n".join(p for p in parts if p)
+
+
+def _efficiency(rep: dict) -> str:
+    """The job's own use of what it was given (report ``efficiency``)."""
+    from ..detect.efficiency import efficiency_lines
+    lines = efficiency_lines(rep.get("efficiency"))
+    if not lines:
+        return ""
+    rows = "".join(f"<li{' class=warn' if x.startswith('note:') else ''}>{esc(x)}</li>"
+                   for x in lines)
+    return ("<h3>Job efficiency</h3><p class='muted small'>The job's own processes; the node "
+            f"figures include other people's load.</p><ul class=eff>{rows}</ul>")
 
 
 def _page(title: str, body: str) -> str:

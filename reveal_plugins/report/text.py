@@ -250,6 +250,13 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
         out += ["", s("Utilization", "bold") + s(f"  (whole node, {fmt.duration(view.frame.t[-1] - view.frame.t[0])} of samples)", "dim")]
         from .load import host_of
         out += _utilization(view, node_label or fmt.printable(host_of(view.meta)), s)
+    if report.get("efficiency"):
+        from ..detect.efficiency import efficiency_lines
+        out += ["", s("Job efficiency", "bold") + s("  (the job's own processes; the node "
+                                                     "figures above include others' load)",
+                                                     "dim")]
+        out += ["  " + (s(x, "yellow") if x.startswith("note:") else x)
+                for x in efficiency_lines(report["efficiency"])]
     from .peers_view import gpu_text_lines
     out += gpu_text_lines(report, s)
     anomalies = report.get("anomalies") or []

@@ -253,7 +253,8 @@ def run_info(env: dict[str, str], cfg: SlurmConfig) -> dict[str, Any]:
                                     ("nodelist", "SLURM_JOB_NODELIST"),
                                     ("account", "SLURM_JOB_ACCOUNT"),
                                     ("job_name", "SLURM_JOB_NAME"),
-                                    ("cluster", "SLURM_CLUSTER_NAME")) if env.get(e)}
+                                    ("cluster", "SLURM_CLUSTER_NAME"),
+                                    ("cpus_on_node", "SLURM_CPUS_ON_NODE")) if env.get(e)}
     if cfg.default_mode == "live":
         extra["live"] = True
     spec = gpu_ids.spec_from_env(env)  # the agent resolves it to NVML devices

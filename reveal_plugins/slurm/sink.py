@@ -42,6 +42,10 @@ def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
             f"{s.get('step_id')} ({_dur(s.get('start'), s.get('end'))}"
             + (f", exit {s['exit_code']}" if s.get("exit_code") is not None else "") + ")"
             for s in steps))
+    if report.get("efficiency"):
+        from ..detect.efficiency import efficiency_lines
+        lines += ["  job efficiency (this node):"] + [
+            "    " + x for x in efficiency_lines(report["efficiency"])]
     anomalies = sorted(report.get("anomalies") or [], key=lambda a: -float(a.get("score", 0)))
     if report.get("status") == "failed":
         lines.append(f"  ANALYSIS FAILED ({report.get('status_reason')}): no conclusion; "

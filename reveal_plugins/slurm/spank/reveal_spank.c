@@ -762,6 +762,7 @@ int slurm_spank_job_prolog(spank_t sp, int ac, char **av)
 	extra_env(extra, sizeof(extra), &elen, "account", "SLURM_JOB_ACCOUNT");
 	extra_env(extra, sizeof(extra), &elen, "job_name", "SLURM_JOB_NAME");
 	extra_env(extra, sizeof(extra), &elen, "cluster", "SLURM_CLUSTER_NAME");
+	extra_env(extra, sizeof(extra), &elen, "cpus_on_node", "SLURM_CPUS_ON_NODE");
 	gpu_spec_json(spec, sizeof(spec));
 	if (host[0] == '\0') {
 		slurm_error("reveal: job_prolog: unusable node name; job %u not recorded", jid);
