@@ -34,8 +34,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 JOB = "import time\nt=time.time()\nwhile time.time()-t<45: pass"
 HOG = "while True: pass"
-#: scenario -> (hog start relative to `reveal record` starting, or None: before it; seconds)
-SCENARIOS = {"start15": (None, 15.0), "start35": (None, 35.0), "mid15": (16.0, 15.0),
+#: scenario -> (hog start after the run registered, or None: before it; seconds)
+SCENARIOS = {"start15": (None, 15.0), "start35": (None, 35.0), "mid15": (15.0, 15.0),
              "clean": (None, 0.0)}
 
 
@@ -82,9 +82,16 @@ class Others(threading.Thread):
         return sum(self.samples) / max(1, len(self.samples))
 
 
+def _wait_registered(out: str, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while not os.path.exists(os.path.join(out, "meta.json")) and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def record(out: str, hog_at: float | None = None, hog_s: float = 0.0):
-    """Record the job; two hogs for ``hog_s`` seconds, started ``hog_at`` s after `reveal
-    record` (None: a second before it).  Returns (report, other people's mean CPU, log)."""
+    """Record the job; two hogs for ``hog_s`` seconds, started ``hog_at`` s after the run
+    registered (None: a second before `reveal record`, stopped ``hog_s`` s after the run
+    registered).  Returns (report, other people's mean CPU, log)."""
     others = Others()
     others.start()
     early = hog_s > 0 and hog_at is None
@@ -95,12 +102,15 @@ def record(out: str, hog_at: float | None = None, hog_s: float = 0.0):
                                 out, "--", sys.executable, "-c", JOB],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                env=dict(os.environ, PYTHONPATH=ROOT))
+        # times count from the run's registration (its meta.json), not from `reveal record`
+        # starting: on a loaded machine the agent may take seconds to come up
+        _wait_registered(out)
         if hog_s > 0 and hog_at is not None:
             time.sleep(hog_at)
             hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
             time.sleep(hog_s)
         elif early:
-            time.sleep(hog_s + 1.0)      # the job starts about a second after `reveal record`
+            time.sleep(hog_s)
     finally:
         for h in hogs:
             h.kill()
