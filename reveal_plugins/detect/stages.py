@@ -356,9 +356,13 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
             "why_not_anomaly": why})
     # The reported span: the windows where the evidence itself is out of bounds, not the
     # detectors' flags (a window that only overlaps the onset flags on its spread).
-    ta, tb = _evidence_bounds(W, E, a, b, [P.names.index(e["channel"]) for e in ev[:3]],
-                              [E.foreign.names.index(f["channel"]) for f in fsup],
-                              c_ref, s_ref, dev, cfg["min_deviation"] / 2)
+    # What bounds it: the foreign load when a neighbour is the finding, else the symptoms
+    # that fired, else the strongest evidence (activity channels such as allocation counts
+    # drift back slowly and would stretch the span).
+    fcols = [E.foreign.names.index(f["channel"]) for f in fsup]
+    bcols = [] if fcols else (symp[:3] or [P.names.index(e["channel"]) for e in ev[:3]])
+    ta, tb = _evidence_bounds(W, E, a, b, bcols, fcols, c_ref, s_ref, dev,
+                              cfg["min_deviation"] / 2)
     if (ta, tb) != (a, b):
         s0, s1 = span(ta, tb, W.win.mid, W.win.stride_s)
     score = float(np.max(B.score[rows] if from_baseline else M.fused[rows]))

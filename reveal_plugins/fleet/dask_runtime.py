@@ -64,19 +64,15 @@ TLS_KEYS = ("tls_ca_file", "tls_cert", "tls_key")
 def _config_tls(path: str | None = None) -> tuple[dict[str, str], str | None]:
     """The ``[fleet]`` table of ``$REVEAL_CONFIG`` / ``/etc/reveal/reveal.toml`` (only TLS
     keys so far) and the file it came from; root reads it only if it passes the trust rule."""
-    import tomllib
-
-    from ..trust import UntrustedPath, require_trusted
+    from .. import site_config
     path = path or os.environ.get("REVEAL_CONFIG") or (
         "/etc/reveal/reveal.toml" if os.path.isfile("/etc/reveal/reveal.toml") else None)
     if not path:
         return {}, None
     try:
-        require_trusted(path, "configuration file")
-        with open(path, "rb") as f:
-            sec = tomllib.load(f).get("fleet", {})
-    except (UntrustedPath, OSError, tomllib.TOMLDecodeError) as e:
-        raise FleetRuntimeError(f"{path}: {e}") from None
+        sec = site_config.read(path).get("fleet", {})
+    except site_config.SiteConfigError as e:
+        raise FleetRuntimeError(str(e)) from None
     if not isinstance(sec, dict):
         raise FleetRuntimeError(f"{path}: 'fleet' must be a table ([fleet])")
     bad = sorted(k for k in sec if k not in TLS_KEYS or not isinstance(sec[k], str))

@@ -264,21 +264,11 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> str | None:
 
 def read_file_section(path: str) -> dict[str, Any]:
     """The ``[otel]`` table of a TOML file ({} when absent); unknown keys are an error."""
+    from .. import site_config
     try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        import tomli as tomllib  # type: ignore[no-redef]
-    from ..trust import UntrustedPath, read_trusted
-    try:
-        data = tomllib.loads(read_trusted(path, "configuration file").decode("utf-8"))
-    except UnicodeDecodeError as e:
-        raise OtelConfigError(f"{path}: not UTF-8 text (byte {e.start})") from None
-    except UntrustedPath as e:
+        data = site_config.read(path)
+    except site_config.SiteConfigError as e:
         raise OtelConfigError(str(e)) from None
-    except OSError as e:
-        raise OtelConfigError(f"{path}: cannot read: {e.strerror}") from None
-    except tomllib.TOMLDecodeError as e:
-        raise OtelConfigError(f"{path}: not valid TOML: {e}") from None
     sec = data.get("otel", {})
     if not isinstance(sec, dict):
         raise OtelConfigError(f"{path}: 'otel' must be a table ([otel])")

@@ -18,6 +18,15 @@ USAGE = """usage: reveal slurm <command>
   job-info ID   print a job's metadata as JSON (pyslurm, squeue --json or scontrol)
 """
 HOOKS = ("prolog", "epilog", "task-prolog", "task-epilog")
+HOOK_HELP = {
+    "prolog": "The Slurm Prolog (root, once per job per node): registers the job with the "
+              "node agent, starting one if needed.",
+    "epilog": "The Slurm Epilog (root): closes the job's run and starts its detached "
+              "analysis.",
+    "task-prolog": "The Slurm TaskProlog (job user, per task): marks the step's start "
+                   "(sites without the SPANK plugin).",
+    "task-epilog": "The Slurm TaskEpilog (job user, per task): marks the step's end.",
+}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,6 +35,17 @@ def main(argv: list[str] | None = None) -> int:
         print(USAGE, end="")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    if cmd in HOOKS and rest and rest[0] in ("-h", "--help"):
+        # answered without running the hook (which would register a job, create logs...)
+        print(f"usage: reveal slurm {cmd}\n\n{HOOK_HELP[cmd]}\nIt takes no arguments (the "
+              "job comes from the SLURM_* environment Slurm sets), always exits 0 and logs "
+              "to $REVEAL_SLURM_LOG (default /var/log/reveal/slurm-hooks.log). See "
+              "docs/slurm.md.")
+        return 0
+    if cmd in HOOKS and rest:
+        print(f"reveal slurm {cmd}: takes no arguments (got {' '.join(rest)!r}); see "
+              f"`reveal slurm {cmd} --help`", file=sys.stderr)
+        return 2
     if cmd in HOOKS:
         from .hooks import dispatch
         return dispatch(cmd)

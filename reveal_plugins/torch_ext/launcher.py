@@ -48,6 +48,7 @@ reveal options (before the training script; all other arguments go to torchrun u
                          worker is reported, so reports say how much an anomaly slowed
                          training; no change to the script)
   --reveal-off           no telemetry: behave exactly like torchrun
+  --reveal-version       print reveal's version and exit (alone; --version is torchrun's)
 
 environment:
   REVEAL_ITERATION_MARKERS=0   same as --reveal-no-markers
@@ -391,6 +392,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: error: torch is not importable ({e}); install it, e.g. "
               "pip install 'reveal-plugins[torch]'", file=sys.stderr)
         return 2
+    if argv[:1] == ["--reveal-version"]:
+        from .. import __version__
+        print(f"{PROG} (reveal-plugins) {__version__}")
+        return 0
     if argv[:1] in (["-h"], ["--help"]):
         print(USAGE)
         print("torchrun arguments:")
