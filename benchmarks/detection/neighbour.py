@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -164,6 +165,8 @@ def main(argv=None) -> int:
             ap.error(f"--scenarios: unknown scenario {s!r} (known: {', '.join(SCENARIOS)})")
     run = bench_results.begin("detection", a.split, argv, script=__file__)
     path = a.results or run.default_path("neighbour")
+    # a SIGTERM must still stop the hogs (the finally blocks run on SystemExit)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     runs: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="reveal-neighbour-") as tmp:
         for i in range(a.repeats):
