@@ -30,6 +30,9 @@ def node(tmp_path, monkeypatch):
     monkeypatch.setenv("REVEAL_SLURM_CONFIG", str(tmp_path / "slurm.toml"))
     monkeypatch.setenv("REVEAL_SLURM_LOG", str(tmp_path / "hooks.log"))
     monkeypatch.setenv("REVEAL_SLURM_JOB_ID", "77")
+    # analyze_job renices its own process (the Epilog's detached supervisor); here that is
+    # pytest itself, whose CPU time would then count as "nice" for every later test
+    monkeypatch.setattr("os.nice", lambda inc: 0)
     return str(spool), run, configure, tmp_path / "hooks.log"
 
 
