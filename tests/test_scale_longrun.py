@@ -138,13 +138,14 @@ def test_short_run_and_bad_input_give_a_note_not_a_traceback(tmp_path):
     d = str(tmp_path / "short")
     SynthHost(2, seed=1).write_run(d, 5.0, 0.1)
     rep = analyze(d, STREAM)
-    assert rep["status"] in ("ok", "partial")
+    assert rep["status"] == "not_analysed", rep["status"]      # never a healthy verdict
     assert any("too short" in n or "nothing to analyse" in n for n in rep["notes"])
     seg = store.segment_paths(d)[0]
     with open(seg, "wb") as f:
         f.write(b"not parquet")
     rep = analyze(d, {**STREAM, "full": True})
-    assert rep["status"] == "partial"
+    # its only segment unreadable: nothing was analysed, and the reason names the file
+    assert rep["status"] == "not_analysed" and seg in rep["status_reason"], rep["status_reason"]
     assert any(seg in n for n in rep["notes"])
 
 
