@@ -7,19 +7,19 @@ import signal
 import subprocess
 import sys
 
+from .cli_options import EXIT_PROBLEM, EXIT_USAGE, add_out
 from .recording import Recording, validate_interval
 
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGINT)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="reveal record",
         description="Run CMD under hardware telemetry, analyse the run and print the summary. "
                     "Exits with CMD's exit code.")
-    ap.add_argument("--out", metavar="DIR", help="run directory (default "
-                    "./reveal-runs/<time>-<host>-<pid>)")
+    add_out(ap, "DIR", "run directory (default ./reveal-runs/<time>-<host>-<pid>)")
     ap.add_argument("--interval", metavar="S", default="0.1",
                     help="sampling interval in seconds (0.01-60, default 0.1)")
     ap.add_argument("--live", action="store_true", help="also detect while the run goes on")
@@ -28,12 +28,13 @@ def _parser() -> argparse.ArgumentParser:
                     help="--out DIR already holds a run: remove that run's files first "
                          "(meta.json, events.jsonl, report.json, segments/, features/; "
                          "nothing else in DIR)")
-    ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD...",
+                    help="the command to run and record, after --")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = _parser()
+    ap = build_parser()
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
@@ -51,14 +52,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"reveal record: --out {args.out} already holds a run ({old}); two runs "
                       "in one directory mix their telemetry and reports. Choose another "
                       "directory, or pass --force to remove that run first.", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
             if old:
                 remove_run(args.out)
                 print(f"reveal record: removed the earlier run in {args.out} (--force)",
                       file=sys.stderr)
         except OSError as e:
             print(f"reveal record: --out {args.out}: {e.strerror or e}", file=sys.stderr)
-            return 2
+            return EXIT_PROBLEM
     with Recording(out=args.out, interval_s=interval, source="local", command=cmd,
                    live=args.live, analyze=not args.no_analyze) as rec:
         rc = run_forwarding_signals(cmd)

@@ -75,7 +75,7 @@ def test_root_analyze_refuses_a_users_directory(user_run, victim, tmp_path):
     before = _state(victim)
     r = _reveal("analyze", user_run, cwd=str(tmp_path))
     assert _state(victim) == before
-    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.returncode == 1, r.stdout + r.stderr
     assert user_run in r.stderr and "nobody" in r.stderr, r.stderr
     for name in PLANTED:   # nothing replaced either: the user's directory is left as it was
         assert os.path.islink(os.path.join(user_run, name))

@@ -43,7 +43,7 @@ def test_baseline_cli_and_errors(synth_run, tmp_path):
         load(str(bad))
     r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "analyze", runs[0],
                         "--baseline", str(bad), "--no-publish"], capture_output=True, text=True)
-    assert r.returncode == 2 and "scale" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "scale" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, "-m", "reveal_plugins.cli", "baseline", "fit",
                         str(tmp_path / "nope"), "--out", out], capture_output=True, text=True)
-    assert r.returncode == 2 and "meta.json" in r.stderr
+    assert r.returncode == 1 and "meta.json" in r.stderr

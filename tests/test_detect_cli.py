@@ -31,8 +31,8 @@ def test_analyze_json_and_window_options(synth_run):
 
 def test_analyze_errors_are_clear(tmp_path):
     r = reveal("analyze", str(tmp_path))
-    assert r.returncode == 2 and "meta.json" in r.stderr and "Traceback" not in r.stderr
+    assert r.returncode == 1 and "meta.json" in r.stderr and "Traceback" not in r.stderr
     r = reveal("analyze", str(tmp_path), "--stride", "0")
     assert r.returncode == 2 and "must be > 0" in r.stderr
     r = reveal("analyze", str(tmp_path), "--baseline", str(tmp_path / "missing.json"))
-    assert r.returncode == 2 and "baseline file not found" in r.stderr
+    assert r.returncode == 1 and "baseline file not found" in r.stderr

@@ -219,10 +219,10 @@ def test_cli_end_to_end_and_errors(fleet, tmp_path):
     assert r.stderr == ""    # no progress bar when stderr is not a terminal
     r = subprocess.run(cli + ["nodes", str(tmp_path)], capture_output=True, text=True,
                        timeout=60)
-    assert r.returncode == 2 and "not a fleet index" in r.stderr
+    assert r.returncode == 1 and "not a fleet index" in r.stderr
     r = subprocess.run(cli + ["index", str(tmp_path / "nope"), "--out", str(tmp_path / "F"),
                               "--workers", "1"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 2 and "nope: not a directory" in r.stderr
+    assert r.returncode == 1 and "nope: not a directory" in r.stderr
 
 
 def test_progress_bar_only_on_a_terminal(fleet, tmp_path):

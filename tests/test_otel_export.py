@@ -225,7 +225,7 @@ def test_cli_errors_are_clear(otel_clean_env, tmp_path, run_dir, otlp_dead_port)
     assert main(["export", run_dir]) == 2                       # nothing configured
     empty = tmp_path / "empty"
     empty.mkdir()
-    assert main(["export", str(empty), "--endpoint", "http://127.0.0.1:1"]) == 2
+    assert main(["export", str(empty), "--endpoint", "http://127.0.0.1:1"]) == 1
     assert main(["export", run_dir, "--endpoint", otlp_dead_port, "--timeout", "0.5"]) == 1
 
 

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cli_options import EXIT_OK, EXIT_PROBLEM
 from ..hooks import call_safely
 from ..types import RunInfo
 from . import pending, protocol
@@ -161,34 +162,46 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    from ..spool import spool_root
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal agent", description="Run the node agent.")
-    ap.add_argument("--spool", default=None, help="spool directory (default $REVEAL_SPOOL or "
+    ap.add_argument("--spool", metavar="DIR", default=None, help="spool directory (default $REVEAL_SPOOL or "
                     "/var/spool/reveal)")
-    ap.add_argument("--interval", type=float, default=0.1, help="sampling interval, seconds")
-    ap.add_argument("--segment", type=float, default=10.0, help="segment length, seconds")
+    ap.add_argument("--interval", type=float, metavar="S", default=0.1,
+                    help="sampling interval, seconds (default 0.1)")
+    ap.add_argument("--segment", type=float, metavar="S", default=10.0,
+                    help="segment file length, seconds (default 10)")
     ap.add_argument("--exit-when-idle", action="store_true",
                     help="exit once no run has been registered for --idle-grace seconds")
-    ap.add_argument("--idle-grace", type=float, default=30.0)
+    ap.add_argument("--idle-grace", type=float, metavar="S", default=30.0,
+                    help="with --exit-when-idle: seconds without a run before exiting "
+                         "(default 30)")
     ap.add_argument("--live", action="store_true",
                     default=os.environ.get("REVEAL_LIVE", "").lower() in ("1", "true", "yes"),
                     help="run live detection for every run (default: on when $REVEAL_LIVE=1, "
                     "so private agents of reveal record / reveal-torchrun can be made live)")
-    ap.add_argument("--log-level", default="INFO")
-    ap.add_argument("--log-file", default=None,
+    ap.add_argument("--log-level", default="INFO",
+                    choices=("DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning",
+                             "error"), metavar="LEVEL",
+                    help="DEBUG, INFO (default), WARNING or ERROR")
+    ap.add_argument("--log-file", metavar="FILE", default=None,
                     help="log here, rotated at 10 MiB (3 files kept), instead of to stderr")
-    ap.add_argument("--retention-days", type=float, default=30.0,
+    ap.add_argument("--retention-days", type=float, metavar="DAYS", default=30.0,
                     help="remove <spool>/jobs/<job> this long after its runs ended (0: never)")
-    ap.add_argument("--cpus", default=os.environ.get("REVEAL_CPUS") or None,
+    ap.add_argument("--cpus", metavar="LIST", default=os.environ.get("REVEAL_CPUS") or None,
                     help="the node's CPU set, e.g. 0-3,8 (default $REVEAL_CPUS, else all "
                     "online cores): per-core probes read only these, cpu.all.* is their sum")
-    ap.add_argument("--host-proc", default=os.environ.get("REVEAL_HOST_PROC") or None,
+    ap.add_argument("--host-proc", metavar="DIR", default=os.environ.get("REVEAL_HOST_PROC") or None,
                     help="the machine's /proc, mounted here, when this agent runs in a PID "
                     "namespace of the node's (default $REVEAL_HOST_PROC): the node's processes "
                     "started from outside it count as the node's (probes/nodeprocs.py)")
-    ap.add_argument("--socket-group", default=None,
+    ap.add_argument("--socket-group", metavar="GROUP", default=None,
                     help="root agent: only this group (and root) may connect (socket 0660)")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ..spool import spool_root
+    ap = build_parser()
     args = ap.parse_args(argv)
     fmt = "%(asctime)s reveal-agent[%(process)d] %(levelname)s %(message)s"
     if args.log_file:
@@ -231,11 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         agent.start()
     except RuntimeError as e:
         log.error("%s", e)
-        return 3
+        return EXIT_PROBLEM
     log.info("sampling %d channels from %d probes every %.3f s; socket %s",
              len(agent.channels), len(agent.probes), agent.interval_s, agent.sock_path)
     agent.wait()
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from ..cli_options import EXIT_OK, EXIT_PROBLEM, add_format, add_out
+
 
 def _positive(s: str) -> float:
     try:
@@ -37,21 +39,26 @@ def _check_writable_as_root(run_dir: str) -> None:
                           "analysis without writing") from None
 
 
-def analyze_main(argv: list[str]) -> int:
+def build_analyze_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal analyze",
                                  description="Analyse a run directory, write report.json and "
                                              "print a one-screen summary.")
-    ap.add_argument("run_dir", metavar="DIR")
+    ap.add_argument("run_dir", metavar="DIR", help="run directory, or a job directory holding "
+                    "one run directory per node")
     ap.add_argument("--baseline", metavar="FILE",
                     help="baseline from `reveal baseline fit` (flags runs abnormal throughout)")
     ap.add_argument("--window", type=_positive, metavar="S", help="window length (default 3)")
     ap.add_argument("--stride", type=_positive, metavar="S", help="window stride (default 1)")
-    ap.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_format(ap)
     ap.add_argument("--no-publish", action="store_true", help="do not call the report sinks")
     ap.add_argument("--full", action="store_true",
                     help="recompute the window features from the raw segments (streaming, "
                     "bounded memory) instead of using the ones stored while the run went on")
-    args = ap.parse_args(argv)
+    return ap
+
+
+def analyze_main(argv: list[str]) -> int:
+    args = build_analyze_parser().parse_args(argv)
     from ..store.rundir import RunDirError
     from ..store.store import StoreError
     from ..detect.baseline import BaselineError
@@ -83,9 +90,9 @@ def analyze_main(argv: list[str]) -> int:
             report = analyze(args.run_dir, cfg, args.baseline)
     except (StoreError, BaselineError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
-        return 2
+        return EXIT_PROBLEM
     failed = report.get("status") in ("failed", "not_analysed")
-    if args.json:
+    if args.format == "json":
         json.dump(report, sys.stdout, indent=1)
         print()
     else:
@@ -98,8 +105,8 @@ def analyze_main(argv: list[str]) -> int:
         what = "FAILED" if report.get("status") == "failed" else "NOT ANALYSED"
         print(f"reveal analyze: {args.run_dir}: {what}: "
               f"{report.get('status_reason')}", file=sys.stderr)
-        return 1
-    return 0
+        return EXIT_PROBLEM
+    return EXIT_OK
 
 
 def job_node_dirs(path: str) -> list[str]:
@@ -135,7 +142,7 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
         doc = job_report(items, os.path.basename(os.path.normpath(job_dir)))
     except (StoreError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
-        return 2
+        return EXIT_PROBLEM
     from ..hooks import call_safely
     for rep, d in items:    # each node's report now carries the job's verdict (job_peers)
         try:
@@ -149,7 +156,7 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
         write_file(job_dir, "job-report.json", (json.dumps(doc, indent=1) + "\n").encode())
     except (OSError, RunDirError) as e:
         print(f"reveal analyze: job-report.json not written: {e}", file=sys.stderr)
-    if args.json:
+    if args.format == "json":
         json.dump(doc, sys.stdout, indent=1)
         print()
     else:
@@ -162,33 +169,48 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
             print(doc.get("summary") or "")
     for d in failed:
         print(f"reveal analyze: analysis of {d} FAILED", file=sys.stderr)
-    return 1 if failed else 0
+    return EXIT_PROBLEM if failed else EXIT_OK
 
 
-def baseline_main(argv: list[str]) -> int:
+def build_baseline_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal baseline",
                                  description="Learn what healthy runs of a workload look like.")
     sub = ap.add_subparsers(dest="cmd", required=True)
     fit = sub.add_parser("fit", help="fit a baseline from healthy run directories")
-    fit.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
-    fit.add_argument("--out", required=True, metavar="FILE")
-    fit.add_argument("--window", type=_positive, metavar="S")
-    fit.add_argument("--stride", type=_positive, metavar="S")
+    fit.add_argument("run_dirs", nargs="+", metavar="RUN_DIR",
+                     help="run directories of healthy runs of one workload")
+    add_out(fit, "FILE", "where to write the baseline (JSON)", required=True)
+    fit.add_argument("--window", type=_positive, metavar="S",
+                     help="window length in seconds (default 3; analyses using the baseline "
+                          "must use the same)")
+    fit.add_argument("--stride", type=_positive, metavar="S",
+                     help="window stride in seconds (default 1)")
     fit.add_argument("--name", help="workload class name stored in the baseline")
     show = sub.add_parser("show", help="print a baseline's summary")
-    show.add_argument("file")
-    args = ap.parse_args(argv)
+    show.add_argument("file", metavar="FILE", help="a baseline from `reveal baseline fit`")
+    add_format(show)
+    return ap
+
+
+def baseline_main(argv: list[str]) -> int:
+    args = build_baseline_parser().parse_args(argv)
     from ..store.store import StoreError
     from ..detect.baseline import BaselineError, fit_baseline, load, save
 
     try:
         if args.cmd == "show":
             b = load(args.file)
+            if args.format == "json":
+                doc = {k: b.get(k) for k in ("name", "window_s", "stride_s", "windows",
+                                             "runs")}
+                doc["channels"] = [c.get("name") for c in b["channels"]]
+                print(json.dumps(doc, indent=1))
+                return EXIT_OK
             print(f"{args.file}: {len(b['runs'])} run(s), {len(b['channels'])} channels, "
                   f"window {b['window_s']:g} s / stride {b['stride_s']:g} s, "
                   f"{b.get('windows', 0)} windows" + (f", workload {b['name']!r}"
                                                         if b.get("name") else ""))
-            return 0
+            return EXIT_OK
         cfg = {}
         if args.window:
             cfg["window_s"] = args.window
@@ -198,7 +220,7 @@ def baseline_main(argv: list[str]) -> int:
         save(b, args.out)
     except (StoreError, BaselineError, ValueError, OSError) as e:
         print(f"reveal baseline: {e}", file=sys.stderr)
-        return 2
+        return EXIT_PROBLEM
     print(f"baseline written to {args.out}: {len(b['runs'])} run(s), {len(b['channels'])} "
           f"channels, {b['windows']} windows")
-    return 0
+    return EXIT_OK

@@ -17,6 +17,7 @@ from ..store.rundir import write_file
 from ..store.store import StoreError
 from ..analysis import report_for
 from ..report import load
+from ..cli_options import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, add_format, add_out
 from ..report.progress import Progress
 
 
@@ -26,9 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
         "self-contained HTML page with timelines."))
     p.add_argument("target", metavar="DIR|JOBID",
                    help="run directory, job directory, report.json, or Slurm job id")
-    p.add_argument("--format", "-f", choices=("text", "json", "html"), default="text")
-    p.add_argument("--out", "-o", metavar="FILE",
-                   help="write here instead of stdout (html default: DIR/report.html)")
+    add_format(p, choices=("text", "json", "html"))
+    add_out(p, "FILE", "write here instead of stdout (html default: DIR/report.html)")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto",
                    help="colour the text summary (auto: only on a terminal, not with NO_COLOR)")
     p.add_argument("--spool", metavar="DIR", help="spool root for JOBID (default $REVEAL_SPOOL "
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             except ImportError:
                 print("reveal report: --format html needs matplotlib: pip install "
                       "'reveal-plugins[html]' (or: pip install matplotlib)", file=sys.stderr)
-                return 2
+                return EXIT_USAGE
             peers = job_doc(reports, job_id, progress).get("peers") if len(reports) > 1 \
                 else None
             html = render_job_html(reports, job_id, progress=progress, peers=peers)
@@ -145,11 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     except (load.ReportError, StoreError, OSError, ValueError) as e:
         progress.done()
         print(f"reveal report: {e}", file=sys.stderr)
-        return 1
+        return EXIT_PROBLEM
     except KeyboardInterrupt:
         progress.done()
         return 130
-    return 0
+    return EXIT_OK
 
 
 if __name__ == "__main__":  # pragma: no cover

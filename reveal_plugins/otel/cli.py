@@ -8,7 +8,8 @@
 ``export`` is for after a backend outage: it reads ``report.json`` and ``meta.json`` of each run
 directory (or each node's directory of a Slurm job id under the spool) and sends the same trace
 (same ids) the sink would have sent, waiting up to the request timeout (not the 1 s job-end
-budget).  Exit status: 0 all sent, 1 some export failed, 2 bad usage or input.
+budget).  Exit status: 0 all sent, 1 a run unreadable or some export failed, 2 bad usage or
+configuration.
 """
 from __future__ import annotations
 
@@ -18,11 +19,12 @@ import os
 import sys
 from typing import Any
 
+from ..cli_options import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, add_format
 from .config import (OtelConfigError, config_file_path, load_config, parse_headers,
                      redact_url)
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="reveal otel", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("export", help="(re-)send finished runs as OpenTelemetry traces")
@@ -32,9 +34,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="also every run under the spool whose last export failed (otel.json)")
     e.add_argument("--spool", metavar="DIR", help="spool for job ids and --failed "
                                                   "(default $REVEAL_SPOOL or /var/spool/reveal)")
-    e.add_argument("--endpoint", help="OTLP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or "
+    e.add_argument("--endpoint", metavar="URL", help="OTLP base URL (default: OTEL_EXPORTER_OTLP_ENDPOINT or "
                                       "[otel] endpoint of the config file)")
-    e.add_argument("--protocol", choices=("http/protobuf", "grpc"))
+    e.add_argument("--protocol", choices=("http/protobuf", "grpc"),
+                   help="OTLP transport (default: OTEL_EXPORTER_OTLP_PROTOCOL or [otel] "
+                        "protocol, http/protobuf)")
     e.add_argument("--header", action="append", default=[], metavar="K=V",
                    help="extra request header (repeatable)")
     e.add_argument("--timeout", type=float, metavar="S", help="request timeout in seconds")
@@ -43,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                         "max_anomalies, 200)")
     e.add_argument("--dry-run", action="store_true",
                    help="print the spans as JSON instead of sending them")
-    sub.add_parser("config", help="print the effective export configuration")
+    c = sub.add_parser("config", help="print the effective export configuration")
+    add_format(c, default="json")
     return p
 
 
@@ -113,28 +118,28 @@ def export_main(args: argparse.Namespace) -> int:
         cfg = load_config(overrides=overrides)
     except OtelConfigError as e:
         print(f"reveal otel export: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     if not cfg.enabled and not args.dry_run:
         print("reveal otel export: no OTLP endpoint configured: pass --endpoint URL, set "
               "OTEL_EXPORTER_OTLP_ENDPOINT, or set [otel] endpoint in $REVEAL_CONFIG / "
               "/etc/reveal/reveal.toml (or OTEL_SDK_DISABLED / [otel] enabled=false is set)",
               file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     try:
         if not args.targets and not args.failed:
             print("reveal otel export: name run directories or job ids, or pass --failed",
                   file=sys.stderr)
-            return 2
+            return EXIT_USAGE
         dirs = [d for t in args.targets for d in _run_dirs(t, args.spool)]
         if args.failed:
             dirs += [d for d in _failed_runs(args.spool) if d not in dirs]
             if not dirs:
                 print("reveal otel export: no failed exports to re-send")
-                return 0
+                return EXIT_OK
         reports = [(d, _load_report(d)) for d in dirs]
     except (OSError, ValueError) as e:
         print(f"reveal otel export: {e}", file=sys.stderr)
-        return 2
+        return EXIT_PROBLEM
     from .export import export_report, read_meta
     from .trace import build_spans
     failed = 0
@@ -156,30 +161,34 @@ def export_main(args: argparse.Namespace) -> int:
             failed += 1
             print(f"reveal otel export: {d}: export to {o.endpoint} ({o.protocol}) failed: "
                   f"{o.error}", file=sys.stderr)
-    return 1 if failed else 0
+    return EXIT_PROBLEM if failed else EXIT_OK
 
 
-def config_main() -> int:
+def config_main(fmt: str = "json") -> int:
     try:
         cfg = load_config()
     except OtelConfigError as e:
         print(f"reveal otel config: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     d = {k: v for k, v in vars(cfg).items()}
     d["headers"] = {k: "***" for k in cfg.headers}  # header values are often credentials
     for k in ("endpoint", "traces_endpoint", "metrics_endpoint"):
         d[k] = redact_url(d[k]) if d[k] else d[k]
     d["traces_url"] = redact_url(cfg.signal_endpoint("traces")) if cfg.enabled else None
     d["config_file"] = config_file_path()
-    print(json.dumps(d, indent=1, sort_keys=True))
-    return 0
+    if fmt == "json":
+        print(json.dumps(d, indent=1, sort_keys=True))
+    else:
+        for k in sorted(d):
+            print(f"{k:<18} {d[k]}")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.cmd == "export":
         return export_main(args)
-    return config_main()
+    return config_main(args.format)
 
 
 if __name__ == "__main__":

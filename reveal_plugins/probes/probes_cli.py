@@ -8,6 +8,7 @@ import sys
 
 from ..hooks import call_safely
 from ..types import RunInfo
+from ..cli_options import add_format
 
 
 def _describe(batches: list, scope: str) -> list[dict]:
@@ -32,13 +33,17 @@ def probe_inventory(include_run: bool = True) -> list[dict]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal probes",
                                  description="List probes, availability and channel counts.")
-    ap.add_argument("--json", action="store_true", help="machine-readable output")
-    args = ap.parse_args(argv)
+    add_format(ap)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     rows = probe_inventory()
-    if args.json:
+    if args.format == "json":
         json.dump(rows, sys.stdout, indent=1)
         print()
         return 0

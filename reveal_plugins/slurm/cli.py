@@ -1,10 +1,11 @@
-"""``reveal slurm {prolog,epilog,task-prolog,task-epilog,build-spank,install-hooks,job-info}``.
+"""``reveal slurm {prolog,epilog,task-prolog,task-epilog,build-spank,install-hooks,job-info,check}``.
 
 The hook subcommands are what slurm.conf points at (through a one-line wrapper script, see
 docs/slurm.md); they always exit 0 -- a failing Prolog/Epilog would drain the node.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 
 USAGE = """usage: reveal slurm <command>
@@ -16,6 +17,7 @@ USAGE = """usage: reveal slurm <command>
   build-spank   compile the SPANK plugin (--reveal option, per-step events)
   install-hooks write the wrapper scripts slurm.conf's Prolog/Epilog/... point at
   job-info ID   print a job's metadata as JSON (pyslurm, squeue --json or scontrol)
+  check         check this node's Slurm integration before a rollout (exit 1 on a failure)
 """
 HOOKS = ("prolog", "epilog", "task-prolog", "task-epilog")
 HOOK_HELP = {
@@ -27,6 +29,32 @@ HOOK_HELP = {
                    "(sites without the SPANK plugin).",
     "task-epilog": "The Slurm TaskEpilog (job user, per task): marks the step's end.",
 }
+
+
+def build_jobinfo_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="reveal slurm job-info",
+                                 description="Print a Slurm job's metadata as JSON (pyslurm, "
+                                             "squeue --json or scontrol, whichever answers).")
+    ap.add_argument("job_id", metavar="ID", help="Slurm job id, e.g. 1234 or 1234_5")
+    return ap
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The whole ``reveal slurm`` tree, for the top-level help, completion and the uniformity
+    test (the hooks themselves are dispatched without argparse, to start fast)."""
+    from .check import build_parser as check_parser
+    from .install import build_parser as install_parser
+    from .spank_build import build_parser as spank_parser
+    ap = argparse.ArgumentParser(prog="reveal slurm", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for hook in HOOKS:
+        sub.add_parser(hook, help=HOOK_HELP[hook], description=HOOK_HELP[hook])
+    for name, make in (("build-spank", spank_parser), ("install-hooks", install_parser),
+                       ("job-info", build_jobinfo_parser), ("check", check_parser)):
+        p = make()
+        sub.add_parser(name, help=p.description, description=p.description,
+                       parents=[p], add_help=False, conflict_handler="resolve")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,11 +93,15 @@ def main(argv: list[str] | None = None) -> int:
     if cmd == "install-hooks":
         from .install import main as install_main
         return install_main(rest)
-    if cmd == "job-info" and len(rest) == 1:
+    if cmd == "check":
+        from .check import main as check_main
+        return check_main(rest)
+    if cmd == "job-info":
         import json
         from .jobinfo import JobInfoError, job_info
+        args = build_jobinfo_parser().parse_args(rest)
         try:
-            print(json.dumps(job_info(rest[0]), indent=1, default=str))
+            print(json.dumps(job_info(args.job_id), indent=1, default=str))
         except (JobInfoError, ValueError) as e:
             print(f"reveal slurm job-info: {e}", file=sys.stderr)
             return 1

@@ -69,14 +69,20 @@ def install(directory: str, env: dict[str, str], python: str | None = None) -> l
     return out
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal slurm install-hooks",
                                  description="Write the hook wrapper scripts slurm.conf points at.")
-    ap.add_argument("--dir", default="/etc/slurm/reveal", help="where to write the scripts")
-    ap.add_argument("--config", help="hook configuration (sets REVEAL_SLURM_CONFIG)")
-    ap.add_argument("--log", help="hook log (sets REVEAL_SLURM_LOG)")
-    ap.add_argument("--python", help="interpreter (default: this one)")
-    a = ap.parse_args(argv)
+    ap.add_argument("--dir", default="/etc/slurm/reveal", metavar="DIR",
+                    help="where to write the scripts (default /etc/slurm/reveal)")
+    ap.add_argument("--config", metavar="FILE",
+                    help="hook configuration (sets REVEAL_SLURM_CONFIG)")
+    ap.add_argument("--log", metavar="FILE", help="hook log (sets REVEAL_SLURM_LOG)")
+    ap.add_argument("--python", metavar="PATH", help="interpreter (default: this one)")
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
     env = {}
     if a.config:
         env["REVEAL_SLURM_CONFIG"] = os.path.abspath(a.config)
@@ -92,5 +98,5 @@ def main(argv: list[str]) -> int:
           f"  PrologFlags=Alloc,Contain\n  Prolog={d}/prolog\n  Epilog={d}/epilog\n"
           "  plus the SPANK plugin without hooks= for steps, or (no SPANK plugin at all):\n"
           f"  TaskProlog={d}/task-prolog\n  TaskEpilog={d}/task-epilog\n"
-          "see docs/slurm.md")
+          "then check the node: reveal slurm check; see docs/slurm.md")
     return 0

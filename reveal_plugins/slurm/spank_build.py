@@ -48,16 +48,22 @@ def plugstack_line(so: str, spool: str | None = None) -> str:
     return f"optional {so}" + (f" spool={spool}" if spool else "")
 
 
-def main(argv: list[str]) -> int:
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reveal slurm build-spank",
                                  description="Compile the Reveal SPANK plugin (--reveal option, "
                                              "per-step events) against the installed Slurm.")
-    ap.add_argument("--out", default=DEFAULT_OUT, help=f"output .so (default {DEFAULT_OUT})")
-    ap.add_argument("--cc", default="gcc")
-    ap.add_argument("--include-dir", help="directory holding slurm/spank.h")
-    ap.add_argument("--spool", help="spool to put in the printed plugstack.conf line")
+    ap.add_argument("-o", "--out", metavar="FILE", default=DEFAULT_OUT,
+                    help=f"output .so (default {DEFAULT_OUT})")
+    ap.add_argument("--cc", default="gcc", metavar="CC", help="C compiler (default gcc)")
+    ap.add_argument("--include-dir", metavar="DIR", help="directory holding slurm/spank.h")
+    ap.add_argument("--spool", metavar="DIR",
+                    help="spool to put in the printed plugstack.conf line")
     ap.add_argument("--print-source", action="store_true", help="print the C source path only")
-    a = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str]) -> int:
+    a = build_parser().parse_args(argv)
     if a.print_source:
         print(source_path())
         return 0
