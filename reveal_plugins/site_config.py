@@ -8,7 +8,8 @@ from typing import Any
 
 #: The tables a component reads from this file (and where they are documented).
 KNOWN_TABLES = {"otel": "OpenTelemetry export, docs/otel.md",
-                "fleet": "TLS of the fleet pass's Dask cluster, docs/fleet.md"}
+                "fleet": "TLS of the fleet pass's Dask cluster, docs/fleet.md",
+                "prometheus": "the agent's /metrics endpoint, docs/prometheus.md"}
 
 
 class SiteConfigError(ValueError):

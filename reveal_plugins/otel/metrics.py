@@ -15,8 +15,10 @@ per collection) and map channels to metric names:
 * ``reveal.anomaly.score``: the highest live-finding score since the previous collection (by
   subsystem), and ``reveal.runs.active``.
 
-Job ids, users and run ids are never metric attributes (a series per job explodes cardinality);
-they live on the trace's spans and resource.
+Job ids, users and run ids are not attributes of these metrics (a series per job explodes
+cardinality); they live on the trace's spans and resource.  The Prometheus endpoint
+(prometheus.py) adds one ``reveal.job.info`` series per *running* job (value 1, ``job_id`` and
+``user``), which a query joins to the node's series, jobstats' way.
 """
 from __future__ import annotations
 
@@ -150,8 +152,10 @@ class LiveMetrics:
     happens one interval later); ``stop`` flushes and returns within ``timeout_s``."""
 
     def __init__(self, agent: Any, cfg: OtelConfig, exporter: MetricExporter | None = None,
-                 reader: Any = None):
-        """``exporter`` / ``reader`` replace the OTLP exporter / periodic reader (tests)."""
+                 reader: Any = None, job_info: bool = False):
+        """``exporter`` / ``reader`` replace the OTLP exporter / periodic reader (tests, the
+        Prometheus endpoint); ``job_info`` adds ``reveal.job.info`` (see the module doc)."""
+        self.job_info = job_info
         self.agent = agent
         self.cfg = cfg
         self.snapshot = _Snapshot(agent)
@@ -218,6 +222,8 @@ class LiveMetrics:
         self._make(meter, "counter", sysm.SYSTEM_NETWORK_IO, "By", self._net_io)
         self._make(meter, "gauge", "reveal.anomaly.score", "1", self._anomaly_score)
         self._make(meter, "gauge", "reveal.runs.active", "{run}", self._runs_active)
+        if self.job_info:
+            self._make(meter, "gauge", "reveal.job.info", "1", self._jobs)
 
     @staticmethod
     def _make(meter: Any, kind: str, name: str, unit: str,
@@ -305,6 +311,14 @@ class LiveMetrics:
                 scores[k] = 0.0
             self._seen |= set(scores)
         return [Observation(v, {"reveal.anomaly.subsystem": k}) for k, v in scores.items()]
+
+    def _jobs(self, options: CallbackOptions) -> Iterable[Observation]:
+        try:
+            runs = self.agent.runs()
+        except Exception:
+            return []
+        seen = {(str(r.job_id or r.run_id), str(r.user or r.uid)) for r in runs}
+        return [Observation(1, {"job_id": j, "user": u}) for j, u in sorted(seen)]
 
     def _runs_active(self, options: CallbackOptions) -> Iterable[Observation]:
         try:

@@ -14,6 +14,7 @@ the plugin, and export is off on most of them.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from typing import Any
 
@@ -22,6 +23,7 @@ from .config import OtelConfigError, load_config
 
 log = logging.getLogger(__name__)
 _live: Any = None          # the LiveMetrics of this process's agent, if any
+_prom: Any = None          # its Prometheus endpoint, if any
 _config_warned = False
 
 
@@ -63,10 +65,44 @@ def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, 
     return None
 
 
+def _start_prometheus(agent: Any) -> None:
+    """The /metrics endpoint when [prometheus] (or REVEAL_PROMETHEUS) asks for it; refused
+    settings are logged and nothing listens (prometheus.py says why)."""
+    global _prom
+    if _prom is not None:
+        return
+    try:
+        from .prometheus import PrometheusConfigError, PrometheusEndpoint, load_prometheus_config
+    except ImportError as e:
+        if os.environ.get("REVEAL_PROMETHEUS"):
+            log.warning("Prometheus endpoint not started: %s (pip install "
+                        "'reveal-plugins[prometheus]')", e)
+        return
+    try:
+        pcfg = load_prometheus_config()
+        if pcfg is None:
+            return
+        from .config import OtelConfig
+        try:
+            ocfg = load_config()
+        except OtelConfigError:
+            ocfg = OtelConfig(headers={}, resource_attributes={})
+        _prom = PrometheusEndpoint(agent, pcfg, ocfg)
+        _prom.start()
+    except ImportError as e:
+        log.warning("Prometheus endpoint not started: %s (pip install "
+                    "'reveal-plugins[prometheus]')", e)
+        _prom = None
+    except (PrometheusConfigError, OSError) as e:
+        log.warning("Prometheus endpoint not started: %s", e)
+        _prom = None
+
+
 @hookimpl
 def reveal_agent_started(agent: Any) -> None:
     """Start live metrics when configured (non-blocking: the first export happens later)."""
     global _live
+    _start_prometheus(agent)
     cfg = _config(None)
     if cfg is None or not cfg.metrics or _live is not None:
         return None
@@ -83,7 +119,10 @@ def reveal_agent_started(agent: Any) -> None:
 @hookimpl
 def reveal_agent_stopping(agent: Any) -> None:
     """Flush and stop live metrics within ~1 s."""
-    global _live
+    global _live, _prom
+    prom, _prom = _prom, None
+    if prom is not None:
+        prom.stop()
     live, _live = _live, None
     if live is not None:
         live.stop(timeout_s=1.0)
