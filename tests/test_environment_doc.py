@@ -18,3 +18,20 @@ def test_every_variable_in_the_code_is_in_the_doc():
     doc = open(os.path.join(ROOT, "docs", "environment.md")).read()
     missing = sorted(n for n in names if f"`{n}`" not in doc)
     assert not missing, f"not in docs/environment.md: {missing}"
+
+
+def test_the_configuration_reference_is_the_one_the_code_generates():
+    """docs/config.md is made by tools/gen_config_doc.py from the dataclasses and key sets
+    that validate the files; a key added, renamed or re-defaulted without regenerating fails."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "gen_config_doc.py"),
+                        "--check"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    doc = open(os.path.join(ROOT, "docs", "config.md")).read()
+    from reveal_plugins.otel.config import FILE_KEYS
+    from reveal_plugins.slurm.config import SlurmConfig
+    import dataclasses
+    for key in [f.name for f in dataclasses.fields(SlurmConfig) if f.name != "path"] + \
+            sorted(FILE_KEYS):
+        assert f"| `{key}` |" in doc, key

@@ -77,21 +77,21 @@ class OtelConfig:
     export; ``timeout_s`` bounds one request when nobody is waiting on it (re-export, metrics).
     """
 
-    enabled: bool = False
-    endpoint: str | None = None
+    enabled: bool = False                    # false: no export even with an endpoint set
+    endpoint: str | None = None              # OTLP base URL, e.g. http://collector:4318
     traces_endpoint: str | None = None      # full URL, used as is (OTEL_EXPORTER_OTLP_TRACES_ENDPOINT)
-    metrics_endpoint: str | None = None
-    protocol: str = "http/protobuf"
-    headers: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 10.0
-    budget_s: float = 1.0
-    compression: str = "none"
+    metrics_endpoint: str | None = None      # full URL for metrics, used as is
+    protocol: str = "http/protobuf"          # http/protobuf or grpc
+    headers: dict[str, str] = field(default_factory=dict)  # request headers (credentials)
+    timeout_s: float = 10.0                  # one request when nobody waits (re-export)
+    budget_s: float = 1.0                    # the most a job end waits for its export
+    compression: str = "none"                # none or gzip
     insecure: bool | None = None             # gRPC only; None = decide from the URL scheme
-    certificate: str | None = None
-    service_name: str = "reveal"
-    resource_attributes: dict[str, str] = field(default_factory=dict)
+    certificate: str | None = None           # CA bundle (PEM) for https/TLS endpoints
+    service_name: str = "reveal"             # service.name of the traces and metrics
+    resource_attributes: dict[str, str] = field(default_factory=dict)  # extra resource attrs
     metrics: bool = False                    # live metrics from the node agent
-    metrics_interval_s: float = 10.0
+    metrics_interval_s: float = 10.0         # seconds between live metric exports
     max_evidence: int = 5                    # evidence channels put on an anomaly span
     max_anomalies: int = 200                 # anomaly spans per run (highest scores first)
     source: str = "defaults"                 # where the endpoint came from (for messages)

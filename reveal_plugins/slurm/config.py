@@ -32,7 +32,7 @@ class SlurmConfig:
     prolog_budget_s: float = 0.5    # the Prolog returns (exit 0) within this
     epilog_budget_s: float = 1.0    # the Epilog returns (exit 0) within this
     analysis: str = "detached"      # detached: analyse after the Epilog returns; off: never
-    analysis_timeout_s: float = 600.0
+    analysis_timeout_s: float = 600.0   # base time limit of one job's analysis
     analyzer: str = "reveal_plugins.analysis:analyze_and_publish"  # module:function(run_dir, cfg)
     analysis_nice: int = 10         # niceness of the detached analysis (the node runs jobs)
     analysis_timeout_per_hour_s: float = 10.0   # + this per hour of run (long jobs)
