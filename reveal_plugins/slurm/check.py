@@ -12,7 +12,7 @@ import glob
 import json
 import os
 import shlex
-import subprocess  # nosec B404 - scontrol, argument list, no shell
+import subprocess  # nosec B404
 import sys
 from dataclasses import asdict, dataclass
 
