@@ -18,7 +18,7 @@ from ..probes import gpu_ids
 from . import protocol
 from ..store import store
 from ..probes.probe import Probe
-from .runstate import RunState, _create_run_dir
+from .runstate import RunState, create_run_dir
 
 log = logging.getLogger("reveal.agent")
 
@@ -143,7 +143,7 @@ class RunRegistry:
     def _register(self, run: RunInfo, owner_pid: int | None,
                   previous: dict[str, Any] | None = None) -> str:
         run.host = run.host or self.host
-        run_dir = _create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
+        run_dir = create_run_dir(run.run_dir, run.uid, run.gid, self.spool)
         run.run_dir = run_dir
         gpu_meta = self._resolve_gpus(run) if previous is None else {}
         idx = [i for i, c in enumerate(self.channels) if self._wanted(c, run)]
@@ -365,7 +365,7 @@ class RunRegistry:
 def _features(run_dir: str, channels: list, interval_s: float, config: dict):
     """Incremental featurization of the run's segments (detect.featurize), when installed."""
     try:
-        from ..detect.featurize import feature_writer
+        from ..detect.featstore import feature_writer
         return feature_writer(run_dir, channels, interval_s, config)
     except Exception as e:  # detection absent or broken: job-end analysis featurizes
         log.warning("incremental features unavailable: %s: %s", type(e).__name__, e)

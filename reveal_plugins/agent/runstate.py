@@ -23,7 +23,7 @@ class RunLimits:
     step_id_chars: int = 128              # one step id (meta.json keeps every step)
 
 
-def _create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
+def create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> str:
     """Create the run directory through the hardened helper (as root: no symlinks followed,
     only inside the spool for other users' runs, readable by the run's user alone)."""
     from ..store.rundir import create_run_dir

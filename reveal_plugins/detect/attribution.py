@@ -308,15 +308,3 @@ def slowed(impact: dict | None, min_pct: float) -> bool:
         return False
     bar = max(min_pct, 3.0 * impact.get("noise_pct", 0.0))
     return bool(impact["iteration_time_pct"] >= bar and impact.get("typical_step_pct", bar) >= bar)
-
-
-def invariant_findings(t: np.ndarray, X: np.ndarray, names: list[str], units: list[str],
-                       interval_s: float) -> list[dict]:
-    """Conditions that are wrong however long they last, so self-referential detection cannot
-    see them (a lost GPU, XID/ECC/NVLink errors, a pending or failed row remap, a busy GPU's
-    PCIe link below its maximum, clocks held down by a thermal/board limit, foreign processes
-    on the job's GPU): :func:`reveal_plugins.detect.gpu.invariant_findings`.  Returns anomaly
-    skeletons (``start``, ``end``, ``score``, ``channels`` {column: (reference, observed)},
-    ``why``)."""
-    from .gpu import invariant_findings as gpu_invariants
-    return gpu_invariants(t, X, names, units, interval_s)

@@ -17,9 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
 import shutil
 import tempfile
+import threading
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -41,7 +43,7 @@ FILE_RE = re.compile(r"^feat-(\d{6})-(\d{6})\.parquet$")
 GROUP = 360
 
 
-def _seq(path: str) -> int:
+def segment_seq(path: str) -> int:
     m = store.SEGMENT_RE.match(os.path.basename(path))
     return int(m.group(1)) if m else -1
 
@@ -178,7 +180,7 @@ class FeatureStore:
         paths = store.segment_paths(run_dir)
         if upto is not None:
             paths = [p for p in paths if os.path.basename(p) <= upto]
-        seqs = [_seq(p) for p in paths]
+        seqs = [segment_seq(p) for p in paths]
         cov = self.cover(seqs)
         done = cov[-1][1] if cov else None
         start = 0 if done is None else seqs.index(done) + 1
@@ -290,3 +292,63 @@ def merge(chunks: list[Chunk]) -> Chunk:
     out.resets = sum(c.resets for c in chunks)
     out.dropped_t = sum(c.dropped_t for c in chunks)
     return out
+
+
+# -- the agent's hook point ----------------------------------------------------------------
+
+class FeatureWriter:
+    """Featurizes each segment of a run in a background thread, after the agent wrote it.
+
+    The agent's segment writer calls it with each segment's path (cheap: queued) and
+    :meth:`close` when the run ends; featurization never delays sampling and a failure only
+    costs the job-end analysis some time (it featurizes what is missing)."""
+
+    def __init__(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
+                 window_s: float = 3.0, stride_s: float = 1.0):
+        self.run_dir = run_dir
+        self.metas = list(metas)
+        self.interval_s = interval_s
+        self.window_s, self.stride_s = window_s, stride_s
+        self._q: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="reveal-featurize", daemon=True)
+        self._thread.start()
+        self.failed: str | None = None
+
+    def __call__(self, path: str) -> None:
+        """A segment was written (``SegmentWriter.on_segment``): queue it."""
+        self._q.put(path)
+
+    def close(self, timeout: float = 2.0) -> None:
+        self._q.put(None)
+        self._thread.join(timeout)
+
+    def _loop(self) -> None:
+        try:
+            fs = FeatureStore.for_run(self.run_dir, create=True)
+        except OSError as e:
+            self.failed = f"features directory: {e}"
+            log.warning("%s: no incremental features (%s)", self.run_dir, e)
+            fs = None
+        while True:
+            path = self._q.get()
+            if path is None:
+                return
+            if fs is None or self.failed:
+                continue
+            try:
+                fs.update(self.run_dir, self.metas, self.interval_s, self.window_s,
+                          self.stride_s, upto=os.path.basename(path))
+            except Exception as e:  # never the agent's problem: job-end analysis catches up
+                self.failed = f"{type(e).__name__}: {e}"
+                log.warning("%s: incremental featurization stopped: %s", self.run_dir,
+                            self.failed)
+
+
+def feature_writer(run_dir: str, channels: Sequence[ChannelMeta], interval_s: float | None,
+                   config: dict | None = None) -> FeatureWriter | None:
+    """The agent's hook point: a :class:`FeatureWriter` for a new run (None when turned off:
+    ``REVEAL_FEATURES=0`` in the agent's environment, or its config ``features: False``)."""
+    off = os.environ.get("REVEAL_FEATURES") == "0"
+    if off or (config or {}).get("features", True) is False:
+        return None
+    return FeatureWriter(run_dir, channels, interval_s)

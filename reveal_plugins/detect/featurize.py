@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import queue
 import re
-import threading
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
 from ..types import ChannelMeta
-from .prepare import PER_CORE, _derive, median_interval, to_rates
+from .prepare import PER_CORE, derive_channels, median_interval, to_rates
 from .windows import STATS, sliding_windows
 
 log = logging.getLogger(__name__)
@@ -102,7 +99,7 @@ def prepared_names(metas: Sequence[ChannelMeta]) -> tuple[list[str], list[str]]:
     names = [m.name for m in metas]
     units = [m.unit + "/s" if m.kind == "counter" and m.unit else
              ("/s" if m.kind == "counter" else m.unit) for m in metas]
-    _, dn, du = _derive(np.zeros((1, len(names)), np.float32), names, units)
+    _, dn, du = derive_channels(np.zeros((1, len(names)), np.float32), names, units)
     return names + dn, units + du
 
 
@@ -184,7 +181,7 @@ class Featurizer:
         self._gaps += [[a, b] for a, b in gaps if a >= lo]
         if np_:
             X[:np_] = self._prev_X      # the carry's rates as computed in its own segment
-        cols, dn, _ = _derive(X, self.raw_names, units, tt)
+        cols, dn, _ = derive_channels(X, self.raw_names, units, tt)
         full = np.empty((len(tt), len(self.names)), np.float32)
         full[:, :len(self.raw_names)] = X
         for j, col in enumerate(cols):
@@ -280,64 +277,3 @@ def resume(metas: Sequence[ChannelMeta], state: dict, warmup: list[tuple[np.ndar
     f.last_t = max(f.last_t, float(state.get("last_t", -math.inf)))
     f._reset_acc()
     return f
-
-
-# -- the agent's hook point ----------------------------------------------------------------
-
-class FeatureWriter:
-    """Featurizes each segment of a run in a background thread, after the agent wrote it.
-
-    The agent's segment writer calls it with each segment's path (cheap: queued) and
-    :meth:`close` when the run ends; featurization never delays sampling and a failure only
-    costs the job-end analysis some time (it featurizes what is missing)."""
-
-    def __init__(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
-                 window_s: float = 3.0, stride_s: float = 1.0):
-        self.run_dir = run_dir
-        self.metas = list(metas)
-        self.interval_s = interval_s
-        self.window_s, self.stride_s = window_s, stride_s
-        self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="reveal-featurize", daemon=True)
-        self._thread.start()
-        self.failed: str | None = None
-
-    def __call__(self, path: str) -> None:
-        """A segment was written (``SegmentWriter.on_segment``): queue it."""
-        self._q.put(path)
-
-    def close(self, timeout: float = 2.0) -> None:
-        self._q.put(None)
-        self._thread.join(timeout)
-
-    def _loop(self) -> None:
-        from .featstore import FeatureStore
-        try:
-            fs = FeatureStore.for_run(self.run_dir, create=True)
-        except OSError as e:
-            self.failed = f"features directory: {e}"
-            log.warning("%s: no incremental features (%s)", self.run_dir, e)
-            fs = None
-        while True:
-            path = self._q.get()
-            if path is None:
-                return
-            if fs is None or self.failed:
-                continue
-            try:
-                fs.update(self.run_dir, self.metas, self.interval_s, self.window_s,
-                          self.stride_s, upto=os.path.basename(path))
-            except Exception as e:  # never the agent's problem: job-end analysis catches up
-                self.failed = f"{type(e).__name__}: {e}"
-                log.warning("%s: incremental featurization stopped: %s", self.run_dir,
-                            self.failed)
-
-
-def feature_writer(run_dir: str, channels: Sequence[ChannelMeta], interval_s: float | None,
-                   config: dict | None = None) -> FeatureWriter | None:
-    """The agent's hook point: a :class:`FeatureWriter` for a new run (None when turned off:
-    ``REVEAL_FEATURES=0`` in the agent's environment, or its config ``features: False``)."""
-    off = os.environ.get("REVEAL_FEATURES") == "0"
-    if off or (config or {}).get("features", True) is False:
-        return None
-    return FeatureWriter(run_dir, channels, interval_s)

@@ -479,7 +479,7 @@ def findings(P, W, E, cfg: dict, meta: dict, events: list[dict], anomalies: list
     ``out.observations``.  ``out`` is the :class:`pipeline.Detection` (notes, analysis)."""
     from .boundaries import step_of
     from .hinting import hints_for
-    from .stages import host_of
+    from .report import host_of
 
     names, units = P.names, P.units
     gpus = gpu_indices(names)

@@ -36,10 +36,10 @@ from . import gpu, stages
 from .boundaries import boundaries, suppressed
 from .detectors import fuse
 from .events import group, hysteresis, span
-from .featstore import FeatureFileError, FeatureStore, _seq, read
+from .featstore import FeatureFileError, FeatureStore, segment_seq, read
 from .featurize import Chunk, full_columns, informative_from, prepared_names
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
-from .pipeline import set_anomalies
+from .detection import Detection, set_anomalies
 from .prepare import PER_CORE
 from .prune import prune
 from .windows import STATS, Windows
@@ -109,7 +109,6 @@ class _LazyMeans:
 def analyze_long(run_dir: str, meta: dict, metas: Sequence, cfg: dict, baseline: dict | None,
                  events: list[dict], full: bool, notes: list[str]):
     """The streaming analysis; returns ``(Detection, segments, bytes, samples)``."""
-    from .pipeline import Detection
     out = Detection()
     iv = meta.get("interval_s")
     iv = float(iv) if isinstance(iv, (int, float)) and iv > 0 else None
@@ -131,7 +130,7 @@ def _analyze_store(run_dir, meta, metas, cfg, baseline, events, full, notes, out
         tail, nseg, nbytes = fs.update(run_dir, metas, iv, cfg["window_s"], cfg["stride_s"],
                                        final=True, warnings=notes)
         paths = _segments(run_dir)
-        seqs = [_seq(p) for p in paths]
+        seqs = [segment_seq(p) for p in paths]
         files = fs.cover(seqs)
         nbytes = sum(_size(p) for p in paths)     # what the run stores, read now or not
         return _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -23,6 +22,7 @@ import numpy as np
 from ..types import ChannelMeta
 from . import gpu, stages
 from .config import FOREIGN_KEYS, DetectConfig, detect_config
+from .detection import Detection, set_anomalies  # noqa: F401  (Detection: re-exported)
 from .hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
 from .prepare import Prepared, load_prepared, prepare
 from .report import failed_report, run_section, summary, telemetry_section, verdict_status, SCHEMA
@@ -32,19 +32,6 @@ log = logging.getLogger(__name__)
 #: Documented defaults (the fields of :class:`reveal_plugins.detect.config.DetectConfig`).
 DEFAULTS: dict[str, Any] = {k: f.default for k, f in DetectConfig.model_fields.items()
                             if k not in ("detectors", "live")}
-
-
-@dataclass
-class Detection:
-    """What :func:`detect` found, plus what the report needs to describe the analysis."""
-
-    anomalies: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    analysis: dict = field(default_factory=dict)
-    observations: list[dict] = field(default_factory=list)
-    samples: int = 0
-    t_first: float | None = None
-    t_last: float | None = None
 
 
 def _config(config: dict | None) -> dict:
@@ -93,23 +80,6 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     anomalies = gpu.findings(P, W, E, cfg, meta, events, anomalies, out)
     set_anomalies(out, anomalies, weak, cfg)
     return out
-
-
-def set_anomalies(out, anomalies: list[dict], weak: int, cfg: dict) -> None:
-    """The judged anomalies into ``out``: by time, at most ``max_anomalies`` (the strongest),
-    numbered A1.., with notes on what was dismissed or cut (in-memory and streamed paths)."""
-    if weak:
-        out.notes.append(f"{weak} candidate window group(s) dismissed: no channel moved by "
-                         f"{cfg['min_deviation']:g} robust spreads (or its practical floor)")
-    anomalies.sort(key=lambda x: x["start"])
-    if len(anomalies) > cfg["max_anomalies"]:
-        out.notes.append(f"{len(anomalies)} anomalies; kept the {cfg['max_anomalies']} "
-                         "strongest")
-        anomalies = sorted(anomalies, key=lambda x: -x["score"])[:cfg["max_anomalies"]]
-        anomalies.sort(key=lambda x: x["start"])
-    for i, an in enumerate(anomalies, 1):
-        an["id"] = f"A{i}"
-    out.anomalies = anomalies
 
 
 def load_baseline(baseline: Any) -> dict | None:

@@ -112,7 +112,7 @@ def to_rates(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
 _CPU_TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _derive(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | None = None
+def derive_channels(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | None = None
             ) -> tuple[list[np.ndarray], list[str], list[str]]:
     """Derived metrics where their inputs exist (paper's list plus the usual OS ratios, the
     per-core aggregates and the foreign load of :mod:`reveal_plugins.detect.foreign`)."""
@@ -220,7 +220,7 @@ PER_CORE = re.compile(r"^cpu\.core\d+\.")
 
 def add_derived(X: np.ndarray, names: list[str], units: list[str],
                 t: np.ndarray | None = None) -> tuple[np.ndarray, list[str], list[str]]:
-    cols, dn, du = _derive(X, names, units, t)
+    cols, dn, du = derive_channels(X, names, units, t)
     if not cols:
         return X, names, units
     return (np.concatenate([X, np.stack(cols, axis=1).astype(np.float32)], axis=1),
@@ -368,14 +368,14 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
     if ts:
         t = np.concatenate(ts)
         # One allocation for rates + derived metrics (their inputs are known from the names).
-        _, dn, du = _derive(np.zeros((1, len(names)), np.float32), names, units)
+        _, dn, du = derive_channels(np.zeros((1, len(names)), np.float32), names, units)
         X = np.empty((len(t), len(names) + len(dn)), np.float32)
         r = 0
         for blk in blocks:
             X[r:r + len(blk), :len(names)] = blk
             r += len(blk)
         del blocks, blk
-        cols, dn, du = _derive(X[:, :len(names)], names, units, t)
+        cols, dn, du = derive_channels(X[:, :len(names)], names, units, t)
         for j, col in enumerate(cols):
             X[:, len(names) + j] = col
         dnames, units = names + dn, units + du

@@ -21,6 +21,11 @@ def _str(x: Any) -> str | None:
     return None if x is None else str(x)
 
 
+def host_of(meta: dict) -> str | None:
+    """The node a run's telemetry came from (``meta.json``'s host, else the run's)."""
+    return meta.get("host") or (meta.get("run") or {}).get("host")
+
+
 def run_section(meta: dict, t_first: float | None, t_last: float | None) -> dict:
     run = meta.get("run") or {}
     source = run.get("source", "local")
@@ -43,7 +48,7 @@ def run_section(meta: dict, t_first: float | None, t_last: float | None) -> dict
     cmd = run.get("command")
     if not (cmd is None or isinstance(cmd, (str, list))):
         cmd = str(cmd)
-    host = meta.get("host") or run.get("host") or "unknown"
+    host = host_of(meta) or "unknown"
     return {"source": source, "run_id": _str(run.get("run_id")), "job_id": _str(run.get("job_id")),
             "step_id": _str(run.get("step_id")), "user": _str(run.get("user")),
             "command": cmd, "exit_code": exit_code, "start": float(start), "end": float(end),

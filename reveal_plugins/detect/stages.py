@@ -23,9 +23,11 @@ from .boundaries import at_edge, boundaries, steady_before, step_of, suppressed
 from .detectors import builtin_detectors, fuse, normalize
 from .events import group, hysteresis, span
 from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
+from .gpu import invariant_findings as gpu_invariants
 from .hinting import hints_for
 from .prepare import PER_CORE, Prepared, informative
 from .prune import prune
+from .report import host_of
 from .windows import STATS, windows_pieces as sliding_windows
 
 log = logging.getLogger(__name__)
@@ -58,7 +60,7 @@ def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: 
     keep, reasons = informative(P.X)
     analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
     per_core = np.array([bool(PER_CORE.match(n)) for n in P.names], bool)
-    keep &= ~per_core      # modelled through cpu.cores.* aggregates (see prepare._derive)
+    keep &= ~per_core      # modelled through cpu.cores.* aggregates (see prepare.derive_channels)
     win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
                           stats=("mean",))
     analysis["windows"] = len(win)
@@ -436,7 +438,7 @@ def invariant_anomalies(P: Prepared, W: WindowStage, E: EventStage, meta: dict,
     """Conditions wrong however long they last (GPU PCIe link below max, persistent
     throttling, XID/ECC): anomalies whatever the run's own normal looks like."""
     out = []
-    for inv in attr.invariant_findings(P.t, P.X, P.names, P.units, P.interval_s):
+    for inv in gpu_invariants(P.t, P.X, P.names, P.units, P.interval_s):
         obs_v = E.center.astype(np.float64).copy()
         c_ref = E.center.copy()
         dev = np.zeros(len(P.names))
@@ -456,10 +458,6 @@ def invariant_anomalies(P: Prepared, W: WindowStage, E: EventStage, meta: dict,
                                      "facts": meta.get("facts") or {}})
         out.append(an)
     return out
-
-
-def host_of(meta: dict) -> str | None:
-    return meta.get("host") or (meta.get("run") or {}).get("host")
 
 
 def foreign_evidence(fsup: list[dict], dev: np.ndarray, names: list[str], units: list[str]

@@ -39,7 +39,7 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     return max(0.0, mid - half), min(1.0, mid + half)
 
 
-def _in_period(start, since, until) -> bool:
+def in_period(start, since, until) -> bool:
     if since is None and until is None:
         return True
     if start is None:
@@ -54,7 +54,7 @@ def partial_counts(paths: list[str], since: float | None = None,
     for path in paths:
         t = pq.read_table(path, columns=COLUMNS).to_pydict()
         for i in range(len(t["node"])):
-            if not _in_period(t["start"][i], since, until):
+            if not in_period(t["start"][i], since, until):
                 continue
             node = t["node"][i] or "unknown"
             a = acc.setdefault(node, {"runs": 0, "analysed": 0, "anomalous": 0,

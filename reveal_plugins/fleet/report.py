@@ -12,7 +12,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from .nodes import _in_period, node_ranking, wilson
+from .nodes import in_period, node_ranking, wilson
 
 
 def workload_counts(paths: list[str], since=None, until=None) -> dict[str, list[int]]:
@@ -22,7 +22,7 @@ def workload_counts(paths: list[str], since=None, until=None) -> dict[str, list[
         t = pq.read_table(path, columns=["workload", "analysed", "anomalous", "start",
                                          "user"]).to_pydict()
         for i in range(len(t["workload"])):
-            if not t["analysed"][i] or not _in_period(t["start"][i], since, until):
+            if not t["analysed"][i] or not in_period(t["start"][i], since, until):
                 continue
             a = acc.setdefault(t["workload"][i] or "unknown", [0, 0, set()])
             a[0] += 1
@@ -38,7 +38,7 @@ def anomaly_counts(paths: list[str], since=None, until=None) -> dict[str, Any]:
     for path in paths:
         t = pq.read_table(path, columns=["subsystem", "start", "hint"]).to_pydict()
         for s, st, h in zip(t["subsystem"], t["start"], t["hint"]):
-            if not _in_period(st, since, until):
+            if not in_period(st, since, until):
                 continue
             day = time.strftime("%Y-%m-%d", time.gmtime(st)) if st is not None else "unknown"
             per_day[(day, s)] += 1
@@ -144,7 +144,7 @@ def _plots(s: dict[str, Any]) -> list[tuple[str, str]]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..report.html import COLORS, RC, _svg
+    from ..report.htmlkit import COLORS, RC, figure_svg
     figs = []
     with plt.rc_context(RC):
         days = sorted({r["day"] for r in s["anomalies_per_day"]})
@@ -159,7 +159,7 @@ def _plots(s: dict[str, Any]) -> list[tuple[str, str]]:
             ax.set_ylabel("anomalies")
             ax.legend(fontsize=8, ncol=6, frameon=False)
             ax.tick_params(axis="x", rotation=45 if len(days) > 6 else 0)
-            figs.append(("Anomalies per subsystem over time", _svg(fig, "f0")))
+            figs.append(("Anomalies per subsystem over time", figure_svg(fig, "f0")))
             plt.close(fig)
         for i, (key, rows, label) in enumerate((
                 ("worst_nodes", s["worst_nodes"], "node"),
@@ -176,13 +176,13 @@ def _plots(s: dict[str, Any]) -> list[tuple[str, str]]:
             ax.barh(names, rate, xerr=err, color=col, ecolor="#555", capsize=2)
             ax.set_xlabel("anomalous runs, % (95 % CI)")
             ax.set_xlim(0, 100)
-            figs.append((f"Worst {label}s", _svg(fig, f"f{i + 1}")))
+            figs.append((f"Worst {label}s", figure_svg(fig, f"f{i + 1}")))
             plt.close(fig)
     return figs
 
 
 def render_html(s: dict[str, Any]) -> str:
-    from ..report.html import _page, esc
+    from ..report.htmlkit import esc, page
     body = [f"<h1>Fleet report</h1><p class=muted>{esc(s['fleet'])} · "
             f"{esc(_period(s))}</p>",
             f"<div class='verdict {'bad' if s['suspect_nodes'] else 'ok'}'>"
@@ -212,4 +212,4 @@ def render_html(s: dict[str, Any]) -> str:
         body.append(f"<tr><td class=num>{r['anomalies']}</td><td>{esc(r['subsystem'])}</td>"
                     f"<td>{esc(r['hint'])}</td></tr>")
     body.append("</table>")
-    return _page("Reveal fleet report", "\n".join(body))
+    return page("Reveal fleet report", "\n".join(body))

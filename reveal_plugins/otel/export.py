@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 STATUS_FILE = "otel.json"
 BATCH_SPANS = 512          # spans per request: ~1 MiB with full anomaly attributes
 _OTLP_LOGGERS = ("opentelemetry.exporter",)
-_warned: set[str] = set()
-_warned_lock = threading.Lock()
+warned_endpoints: set[str] = set()
+warned_lock = threading.Lock()
 
 
 @dataclass
@@ -133,7 +133,7 @@ _saved: dict[str, bool] = {}
 _removed_filters: list[tuple[logging.Logger, list[logging.Filter]]] = []
 
 
-def _capture_on(on_warning: Callable[[], None] | None = None) -> None:
+def capture_on(on_warning: Callable[[], None] | None = None) -> None:
     """Start capturing the exporters' log records of the calling thread (``on_warning`` is
     called at each warning: the exporter is retrying or has failed)."""
     with _capture_lock:
@@ -157,7 +157,7 @@ def _capture_on(on_warning: Callable[[], None] | None = None) -> None:
             _capture.callbacks[threading.get_ident()] = on_warning
 
 
-def _capture_off() -> list[str]:
+def capture_off() -> list[str]:
     """Stop capturing for the calling thread; return what it logged."""
     with _capture_lock:
         msgs = _capture.by_thread.pop(threading.get_ident(), [])
@@ -205,7 +205,7 @@ def guard_logs(cfg: OtelConfig) -> None:
     new = [x for x in cfg.secrets() if x not in _redact_filter.secrets]
     if not new:
         return
-    with _warned_lock:
+    with warned_lock:
         _redact_filter.secrets = sorted(set(_redact_filter.secrets) | set(new), key=len,
                                         reverse=True)
         for name in _REDACTED_LOGGERS:
@@ -216,22 +216,22 @@ def guard_logs(cfg: OtelConfig) -> None:
 
 def warn_once(endpoint: str, message: str) -> bool:
     """Log ``message`` once per endpoint and process; True when it was logged."""
-    with _warned_lock:
-        if endpoint in _warned:
+    with warned_lock:
+        if endpoint in warned_endpoints:
             log.debug("%s", message)
             return False
-        _warned.add(endpoint)
+        warned_endpoints.add(endpoint)
     log.warning("%s", message)
     return True
 
 
 def reset_warnings() -> None:
     """Forget which endpoints were warned about (tests; a long-lived process after recovery)."""
-    with _warned_lock:
-        _warned.clear()
+    with warned_lock:
+        warned_endpoints.clear()
 
 
-def _reason(messages: list[str]) -> str:
+def failure_reason(messages: list[str]) -> str:
     """The most telling of the exporter's messages: the first (the cause), without its retry
     boilerplate."""
     if not messages:
@@ -267,11 +267,11 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         error = None
         session = box.get("session")
         last = getattr(session, "last_error", None) or (
-            _reason(list(box.get("live_messages") or [])) if box.get("live_messages") else None)
+            failure_reason(list(box.get("live_messages") or [])) if box.get("live_messages") else None)
         if not ok:
             if finished:
                 error = (box.get("error") or getattr(session, "last_error", None)
-                         or _reason(box.get("messages") or []))
+                         or failure_reason(box.get("messages") or []))
             elif last:
                 error = f"{last} (gave up after {time.monotonic() - t0:.2f} s)"
             else:
@@ -281,7 +281,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
                              trace_id=trace_id, error=cfg.redact(error), t=time.time())
 
     def work() -> None:
-        _capture_on(on_error)
+        capture_on(on_error)
         box["live_messages"] = _capture.by_thread.get(threading.get_ident())
         try:
             session = _recording_session(on_error) if exporter is None and \
@@ -302,7 +302,7 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
         except Exception as e:  # bad certificate file, encoder bug ...
             box["error"] = f"{type(e).__name__}: {e}"
         finally:
-            box["messages"] = _capture_off()
+            box["messages"] = capture_off()
             with lock:
                 box["done"] = True
                 late = box.get("returned")
@@ -312,8 +312,8 @@ def send_spans(spans: Sequence[ReadableSpan], cfg: OtelConfig, budget_s: float |
 
     def _finish(o: ExportOutcome, late: bool = False) -> None:
         if o.ok:
-            with _warned_lock:  # a recovered backend deserves a fresh warning next time
-                _warned.discard(endpoint)
+            with warned_lock:  # a recovered backend deserves a fresh warning next time
+                warned_endpoints.discard(endpoint)
             if late:
                 log.info("OpenTelemetry export to %s completed after the caller went on "
                          "(trace %s)", endpoint, trace_id)

@@ -39,7 +39,7 @@ from opentelemetry.semconv._incubating.metrics import system_metrics as sysm
 
 from .. import __version__
 from .config import OtelConfig, redact_url
-from .export import (_capture_off, _capture_on, _reason, _warned, _warned_lock, guard_logs,
+from .export import (capture_off, capture_on, failure_reason, warned_endpoints, warned_lock, guard_logs,
                      warn_once)
 
 log = logging.getLogger(__name__)
@@ -108,20 +108,20 @@ class _OnceLoggingExporter(MetricExporter):
         self.redact = redact
 
     def export(self, metrics_data: Any, timeout_millis: float = 10_000, **kw: Any) -> Any:
-        _capture_on()
+        capture_on()
         result, err = MetricExportResult.FAILURE, None
         try:
             result = self.inner.export(metrics_data, timeout_millis=timeout_millis, **kw)
         except Exception as e:
             err = f"{type(e).__name__}: {e}"
         finally:
-            msgs = _capture_off()
+            msgs = capture_off()
         if result == MetricExportResult.SUCCESS:
-            with _warned_lock:
-                _warned.discard(self.endpoint)
+            with warned_lock:
+                warned_endpoints.discard(self.endpoint)
         else:
             warn_once(self.endpoint, f"OpenTelemetry metrics export to {self.endpoint} failed: "
-                                     f"{self.redact(err or _reason(msgs))} (further failures "
+                                     f"{self.redact(err or failure_reason(msgs))} (further failures "
                                      "not logged)")
         return result
 

@@ -333,7 +333,7 @@ TREE_CHANNELS = [
 ]
 
 
-class _ProcessTree:
+class ProcessTree:
     """Sums /proc/<pid>/stat and /proc/<pid>/io over the run's roots and their descendants.
 
     Exited processes leave the tree; their CPU time and I/O reappear in the reaping parent's
@@ -480,7 +480,7 @@ class CgroupProbe(Probe):
         self.mode = ""
         self.source = ""
         self._readers: list[_Reader] = []
-        self._tree: _ProcessTree | None = None
+        self._tree: ProcessTree | None = None
 
     def open(self) -> None:
         try:
@@ -540,7 +540,7 @@ class CgroupProbe(Probe):
                         dirs.update(self._resolve({ctl: hier[ctl]}, path))
                 self._from_dirs(dirs, cpu_path)
             if not self._readers:
-                self._tree = _ProcessTree(alive, self.proc, self.max_procs)
+                self._tree = ProcessTree(alive, self.proc, self.max_procs)
                 self._tree.rescan()
                 self.mode, self.source = "process-tree", f"pids {alive}"
                 # An enclosing (shared) memory cgroup still limits and OOM-kills the run.
@@ -575,7 +575,7 @@ class CgroupProbe(Probe):
             members = {int(x) for x in _read(os.path.join(d, "cgroup.procs")).split()}
         except (OSError, ValueError):
             return False
-        tree = _ProcessTree(pids, self.proc, self.max_procs)
+        tree = ProcessTree(pids, self.proc, self.max_procs)
         tree.rescan()
         mine = set(tree.pids)
         tree.close()

@@ -31,7 +31,7 @@ import os
 from typing import Sequence
 
 from ..types import ChannelMeta, RunInfo
-from .cgroup import CgroupProbe, _ProcessTree
+from .cgroup import CgroupProbe, ProcessTree
 from .probe import NAN, Probe
 
 CHANNELS = [
@@ -185,7 +185,7 @@ class JobScopeProbe(Probe):
         self.seen: list[str] = []     # sources used over the run, in order (meta.json note)
         self._n = 0
         self._inner: CgroupProbe | None = None
-        self._tree: _ProcessTree | None = None
+        self._tree: ProcessTree | None = None
         self._map: list[tuple[int, int]] = []     # (inner index, fixed index)
         self._last: list[float] | None = None
         self._acc = [0.0] * len(CHANNELS)
@@ -218,7 +218,7 @@ class JobScopeProbe(Probe):
         if roots:
             if self._tree is None:
                 self._drop()
-                self._tree = _ProcessTree(roots, self.proc)
+                self._tree = ProcessTree(roots, self.proc)
                 self.mode = "process-tree"
                 self._saw(how)
                 from .cgroup import TREE_CHANNELS

@@ -81,7 +81,7 @@ def html_section(peers: dict | None, progress=None) -> str:
     """The job's peer section (table, and timelines when the nodes' telemetry is readable)."""
     if not peers:
         return ""
-    from .html import COLORS, SUBSYSTEM_TITLES
+    from .htmlkit import COLORS, SUBSYSTEM_TITLES
     sus = peers.get("suspects") or []
     rows = []
     for nd in peers.get("nodes") or []:
@@ -128,7 +128,7 @@ def timelines(peers: dict, progress=None) -> list[tuple[str, str]]:
 
     from ..detect.job import load_node
     from ..detect.windows import sliding_windows
-    from .html import COLORS, RC, _mmss, _svg
+    from .htmlkit import COLORS, RC, figure_svg, mmss
     from matplotlib.ticker import FuncFormatter, MaxNLocator
     subs: dict[str, list[str]] = {}
     for sp in sus:
@@ -173,11 +173,11 @@ def timelines(peers: dict, progress=None) -> list[tuple[str, str]]:
                 ax.grid(axis="y", color="#e6e9ee", linewidth=0.6)
             axes[0, 0].legend(loc="upper right", fontsize=8, frameon=False)
             axes[-1, 0].set_xlim(0, max(t1 - t0, 1e-3))
-            axes[-1, 0].xaxis.set_major_formatter(FuncFormatter(_mmss))
+            axes[-1, 0].xaxis.set_major_formatter(FuncFormatter(mmss))
             axes[-1, 0].set_xlabel("time since the first node started (m:ss)", fontsize=8)
             fig.tight_layout(h_pad=0.6)
             try:
-                out.append((sub, _svg(fig, f"peers-{sub}-")))
+                out.append((sub, figure_svg(fig, f"peers-{sub}-")))
             finally:
                 plt.close(fig)
     return out

@@ -1,0 +1,73 @@
+"""Issue 23, item 5: no import circles inside the package and no private name imported across
+modules -- the two things import-linter's layer contracts (``lint-imports`` in .ci/run) do
+not catch.  The graph is grimp's (import-linter's own), function-level imports included."""
+import os
+import re
+import subprocess
+
+import pytest
+
+grimp = pytest.importorskip("grimp")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _cycles(g):
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index, low, on, stack, out, counter = {}, {}, set(), [], [], [0]
+    for root in sorted(g.modules):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(g.find_modules_directly_imported_by(root))))]
+        index[root] = low[root] = counter[0]
+        counter[0] += 1
+        stack.append(root)
+        on.add(root)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = counter[0]
+                    counter[0] += 1
+                    stack.append(w)
+                    on.add(w)
+                    work.append((w, iter(sorted(g.find_modules_directly_imported_by(w)))))
+                elif w in on:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                comp = []
+                while True:
+                    x = stack.pop()
+                    on.discard(x)
+                    comp.append(x)
+                    if x == v:
+                        break
+                if len(comp) > 1:
+                    out.append(sorted(comp))
+    return out
+
+
+def test_no_import_circles():
+    g = grimp.build_graph("reveal_plugins", cache_dir=None)
+    assert _cycles(g) == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "reveal_plugins/*.py",
+                            "reveal_plugins/**/*.py"], capture_output=True, text=True).stdout
+    bad = []
+    pat = re.compile(r"from \.+[\w.]* import \(?([^)\n]*(?:\n[^)\n]*)*?)\)?$", re.M)
+    for rel in sorted(set(files.split())):
+        with open(os.path.join(ROOT, rel)) as f:
+            text = f.read()
+        for m in pat.finditer(text):
+            for item in m.group(1).split(","):
+                name = item.split("#")[0].split(" as ")[0].strip()   # the alias may be private
+                if name.startswith("_") and not name.startswith("__"):
+                    bad.append(f"{rel}: {name}")
+    assert bad == []
