@@ -37,7 +37,8 @@ def _levels(run_dir: str) -> tuple[dict[str, tuple[float, float, str]], dict[str
     """{channel: (median, spread, unit)} over the run's middle, and facts about the run."""
     from ..detect.prepare import load_prepared
     from ..report.views import iteration_times
-    from ..store.store import read_events, read_meta
+    from ..store.store import (MAX_REPORT_BYTES, StoreError, parse_json, read_bounded,
+                               read_events, read_meta)
     from ..types import ChannelMeta
     meta = read_meta(run_dir)
     metas = [ChannelMeta.from_dict(c) for c in meta.get("channels", [])]
@@ -67,14 +68,14 @@ def _levels(run_dir: str) -> tuple[dict[str, tuple[float, float, str]], dict[str
              "iterations": int(len(dt)),
              "steps": len(meta.get("steps") or []),
              "status": None, "anomalies": None, "cpu_efficiency": None}
-    try:
-        with open(os.path.join(run_dir, "report.json")) as f:
-            rep = json.load(f)
+    path = os.path.join(run_dir, "report.json")
+    try:   # bounded, no symlink followed: the run directory may be another user's
+        rep = parse_json(read_bounded(path, MAX_REPORT_BYTES, "report")[0], path)
         facts["status"] = rep.get("status")
         facts["anomalies"] = len(rep.get("anomalies") or [])
         cpu = (rep.get("efficiency") or {}).get("cpu") or {}
         facts["cpu_efficiency"] = cpu.get("efficiency")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, StoreError, ValueError, AttributeError):
         pass
     return levels, facts
 

@@ -60,10 +60,10 @@ def _children(root: str, depth: int) -> list[str]:
 
 def _status(d: str) -> tuple[str, int | None]:
     """(status, anomalies) from report.json; "running" or "not analysed yet" without one."""
-    from ..store.store import StoreError, is_running, parse_json, read_bounded
+    from ..store.store import MAX_REPORT_BYTES, StoreError, is_running, parse_json, read_bounded
+    path = os.path.join(d, "report.json")
     try:
-        rep = parse_json(read_bounded(os.path.join(d, "report.json"), 64 << 20, "report")[0],
-                         os.path.join(d, "report.json"))
+        rep = parse_json(read_bounded(path, MAX_REPORT_BYTES, "report")[0], path)
     except FileNotFoundError:
         return ("running" if is_running(d) else "not analysed yet"), None
     except (OSError, StoreError, ValueError):

@@ -141,8 +141,12 @@ class PrometheusEndpoint:
         if self.cfg.tls_cert:
             kw = {"certfile": self.cfg.tls_cert, "keyfile": self.cfg.tls_key,
                   "client_cafile": self.cfg.client_ca, "client_auth_required": True}
-        self._server, _ = start_http_server(self.cfg.port, self.cfg.host,
-                                            registry=self.registry, **kw)
+        try:
+            self._server, _ = start_http_server(self.cfg.port, self.cfg.host,
+                                                registry=self.registry, **kw)
+        except BaseException:   # port taken, bad key: no reader left running without a listener
+            self.live.stop(timeout_s=1.0)
+            raise
         log.info("Prometheus metrics on %s://%s:%d/metrics", "https" if kw else "http",
                  self.cfg.host, self.port)
 

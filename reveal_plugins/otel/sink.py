@@ -14,7 +14,6 @@ the plugin, and export is off on most of them.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from typing import Any
 
@@ -71,13 +70,8 @@ def _start_prometheus(agent: Any) -> None:
     global _prom
     if _prom is not None:
         return
-    try:
-        from .prometheus import PrometheusConfigError, PrometheusEndpoint, load_prometheus_config
-    except ImportError as e:
-        if os.environ.get("REVEAL_PROMETHEUS"):
-            log.warning("Prometheus endpoint not started: %s (pip install "
-                        "'reveal-plugins[prometheus]')", e)
-        return
+    # standard library only at import; the exporter is imported when an endpoint is asked for
+    from .prometheus import PrometheusConfigError, PrometheusEndpoint, load_prometheus_config
     try:
         pcfg = load_prometheus_config()
         if pcfg is None:

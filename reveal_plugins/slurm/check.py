@@ -17,6 +17,7 @@ import sys
 from dataclasses import asdict, dataclass
 
 from ..cli_options import EXIT_OK, EXIT_PROBLEM, add_format
+from ..trust import untrusted_reason
 
 HOOK_KEYS = ("Prolog", "Epilog", "TaskProlog", "TaskEpilog")
 
@@ -67,11 +68,6 @@ def slurm_settings(conf_file: str | None = None) -> tuple[dict[str, str], str]:
     return out, path
 
 
-def _trusted(path: str) -> str | None:
-    from ..trust import untrusted_reason
-    return untrusted_reason(path)
-
-
 def _unset(v: str | None) -> bool:
     return not v or v in ("(null)", "none", "None")
 
@@ -90,7 +86,7 @@ def check_hooks(conf: dict[str, str]) -> list[Check]:
         if not os.access(path, os.X_OK):
             out.append(Check(f"slurm.conf {key}", "FAIL", f"{path}: not executable"))
             continue
-        why = _trusted(path)
+        why = untrusted_reason(path)
         if why:
             out.append(Check(f"slurm.conf {key}", "FAIL",
                              f"{path}: {why} (root runs it for every job)"))
@@ -152,7 +148,7 @@ def check_spank(conf: dict[str, str]) -> list[Check]:
             out.append(Check("SPANK plugin", "FAIL", f"{so} (from {f}): not found; build it: "
                              "reveal slurm build-spank"))
             continue
-        why = _trusted(so)
+        why = untrusted_reason(so)
         if why:
             out.append(Check("SPANK plugin", "FAIL", f"{so}: {why} (slurmd loads it as root)"))
         elif words[0] == "required":
@@ -205,7 +201,7 @@ def check_spool(spool: str) -> list[Check]:
     if not stat.S_ISDIR(st.st_mode):
         return [Check("spool", "FAIL", f"{spool}: not a directory")]
     if os.geteuid() == 0:
-        why = _trusted(spool)
+        why = untrusted_reason(spool)
         if why:
             return [Check("spool", "FAIL", f"{spool}: {why} (users could plant files root "
                           "writes through)")]
