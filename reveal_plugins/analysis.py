@@ -10,7 +10,7 @@ import logging
 import os
 from typing import Any
 
-from .hooks import call_safely, get_plugin_manager
+from .hooks import get_plugin_manager, hook
 from .store import store
 from .store.rundir import write_file
 
@@ -55,7 +55,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
         log.error("cannot write %s: %s", os.path.join(run_dir, store.REPORT), e)
         report.setdefault("notes", []).append(f"report.json not written: {e}")
     if publish:
-        call_safely("reveal_report_ready", report=report, run_dir=run_dir, config=cfg)
+        hook().reveal_report_ready(report=report, run_dir=run_dir, config=cfg)
     return report
 
 
@@ -75,7 +75,7 @@ def publish_stopped(run_dir: str, reason: str, config: dict[str, Any] | None = N
                       "or time.")
     data = json.dumps(rep, indent=1, default=_json_default).encode()
     write_file(run_dir, store.REPORT, data)
-    call_safely("reveal_report_ready", report=rep, run_dir=run_dir, config=dict(config or {}))
+    hook().reveal_report_ready(report=rep, run_dir=run_dir, config=dict(config or {}))
     return rep
 
 

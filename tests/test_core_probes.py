@@ -4,13 +4,13 @@ import subprocess
 import sys
 import time
 
-from reveal_plugins.hooks import call_safely
+from reveal_plugins.hooks import hook
 from reveal_plugins.probes.procfs import PROCFS_PROBES
 from reveal_plugins.types import SUBSYSTEMS
 
 
 def _open_all():
-    probes = [p for batch in call_safely("reveal_register_probes", config={}) for p in batch]
+    probes = [p for batch in hook().reveal_register_probes(config={}) for p in batch]
     for p in probes:
         p.open()
     return probes

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..cli_options import EXIT_OK, EXIT_PROBLEM
-from ..hooks import call_safely
+from ..hooks import hook
 from ..types import RunInfo
 from . import pending, protocol
 from .housekeeping import Housekeeping
@@ -126,7 +126,7 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
                                           daemon=True)]
         for th in self._threads:
             th.start()
-        call_safely("reveal_agent_started", agent=self)
+        hook().reveal_agent_started(agent=self)
 
     def stop(self) -> None:
         with self._stop_lock:  # a second caller waits until the runs are finished
@@ -137,7 +137,7 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
             self._stop_now()
 
     def _stop_now(self) -> None:
-        call_safely("reveal_agent_stopping", agent=self)
+        hook().reveal_agent_stopping(agent=self)
         with self._lock:
             states = list(self._runs.values())
             self._runs.clear()

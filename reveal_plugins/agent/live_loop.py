@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from ..hooks import call_safely
+from ..hooks import hook
 from ..types import ChannelMeta
 
 log = logging.getLogger("reveal.agent")
@@ -53,7 +53,7 @@ class LiveLoop:
                     st.live_findings += 1
                     with self._lock:
                         self._event(st, "live_finding", anomaly=a)
-                    call_safely("reveal_live_finding", run=st.run, anomaly=a)
+                    hook().reveal_live_finding(run=st.run, anomaly=a)
             published = [st for st, _, _ in work if self._peer_publish(st)]
             if published and not self._stop.wait(settle_s):
                 for st in published:
@@ -102,4 +102,4 @@ class LiveLoop:
         for sp in suspects:
             with self._lock:
                 self._event(st, "peer_suspect", suspect=sp)
-            call_safely("reveal_live_finding", run=st.run, anomaly=sp)
+            hook().reveal_live_finding(run=st.run, anomaly=sp)

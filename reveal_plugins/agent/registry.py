@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
-from ..hooks import call_safely
+from ..hooks import hook
 from ..types import ChannelMeta, RunInfo
 from ..probes import gpu_ids
 from . import protocol
@@ -150,7 +150,7 @@ class RunRegistry:
         rprobes: list[Probe] = []
         owner_fd = None
         try:
-            for batch in call_safely("reveal_register_run_probes", run=run, config=self.config):
+            for batch in hook().reveal_register_run_probes(run=run, config=self.config):
                 for p in batch:
                     try:
                         p.open()
@@ -213,7 +213,7 @@ class RunRegistry:
                             job_id=other.run.job_id)
             self._runs[run.run_id] = st
             self._read_all = True  # a new run starts with every channel read
-        call_safely("reveal_run_start", run=run)
+        hook().reveal_run_start(run=run)
         return run_dir
 
     def _resolve_gpus(self, run: RunInfo) -> dict[str, Any]:
@@ -274,9 +274,9 @@ class RunRegistry:
                     except Exception as e:
                         self._probe_failed(p.name, e)
         if event in ("step_start", "step_end"):
-            call_safely("reveal_" + event, run=st.run, step_id=str(fields.get("step_id")),
-                        t=rec["t"], **({"exit_code": fields.get("exit_code")}
-                                       if event == "step_end" else {}))
+            getattr(hook(), "reveal_" + event)(
+                run=st.run, step_id=str(fields.get("step_id")), t=rec["t"],
+                **({"exit_code": fields.get("exit_code")} if event == "step_end" else {}))
 
     def _write_failed(self, st: RunState, msg: str) -> None:
         if st.write_error is None:
@@ -359,7 +359,7 @@ class RunRegistry:
         if st.owner_fd is not None:
             os.close(st.owner_fd)
             st.owner_fd = None
-        call_safely("reveal_run_end", run=st.run, exit_code=exit_code)
+        hook().reveal_run_end(run=st.run, exit_code=exit_code)
 
 
 def _features(run_dir: str, channels: list, interval_s: float, config: dict):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..hooks import call_safely, get_plugin_manager
+from ..hooks import get_plugin_manager, hook
 from ..types import ChannelMeta
 from ..probes.probe import Probe
 
@@ -25,7 +25,7 @@ class Sampler:
     def _open_probes(self) -> None:
         pm = get_plugin_manager()
         probes: list[Probe] = []
-        for batch in call_safely("reveal_register_probes", config=self.config):
+        for batch in hook().reveal_register_probes(config=self.config):
             probes.extend(batch)
         self.all_probes = probes
         self.probes: list[Probe] = []

@@ -96,9 +96,9 @@ class ModelStage:
 
 def _detectors(cfg: dict) -> list:
     try:
-        from ..hooks.manager import call_safely
+        from ..hooks.manager import hook
 
-        dets = [d for lst in call_safely("reveal_detectors", config=cfg) for d in (lst or [])]
+        dets = [d for lst in hook().reveal_detectors(config=cfg) for d in (lst or [])]
     except Exception as e:  # plugin manager unusable: keep the built-ins
         log.warning("detector plugins unavailable (%s); using built-ins", e)
         dets = []

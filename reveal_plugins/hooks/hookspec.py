@@ -89,8 +89,15 @@ def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | Non
     """Analyse a finished run directory and return a report dict (``reveal.report/1``).
 
     ``firstresult``: the first plugin that returns a report wins.  Returning None means "no
-    analysis available" (then ``reveal record`` only finalizes the run directory).
+    analysis available" (then ``reveal record`` only finalizes the run directory).  Unlike the
+    other hooks, its exceptions reach the caller (:data:`PROPAGATING`): a bad run directory is
+    the user's error to see, and a crashed analysis must become a ``failed`` report, not a
+    silent "no analysis".
     """
+
+
+#: Hooks whose implementations' exceptions reach the caller; every other hook isolates them.
+PROPAGATING = frozenset({"reveal_analyze"})
 
 
 @hookspec

@@ -1,16 +1,16 @@
 """The plugin manager: built-in plugins first, then third parties from entry points."""
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import os
-from typing import Any
+import sys
+from typing import Any, Callable
 
 import pluggy
 
-import sys
-
-from .hookspec import PROJECT
+from .hookspec import PROJECT, PROPAGATING
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +24,10 @@ BUILTIN_PLUGINS = (
     "reveal_plugins.slurm.sink",
 )
 
-_pm: pluggy.PluginManager | None = None
+_pm: "IsolatingPluginManager | None" = None
 
 
-def get_plugin_manager() -> pluggy.PluginManager:
+def get_plugin_manager() -> "IsolatingPluginManager":
     """Return the process-wide plugin manager, creating it on first use.
 
     ``REVEAL_DISABLE_PLUGINS`` (comma-separated plugin names) keeps named plugins out, which
@@ -35,7 +35,7 @@ def get_plugin_manager() -> pluggy.PluginManager:
     """
     global _pm
     if _pm is None:
-        pm = pluggy.PluginManager(PROJECT)
+        pm = IsolatingPluginManager(PROJECT)
         # The package re-exports the ``hookspec`` marker under the module's name, so take the
         # module itself from sys.modules.
         pm.add_hookspecs(sys.modules["reveal_plugins.hooks.hookspec"])
@@ -63,24 +63,48 @@ def reset_plugin_manager() -> None:
     _pm = None
 
 
-def call_safely(hook_name: str, **kwargs: Any) -> list[Any]:
-    """Call every implementation of a hook, isolating failures (logged, then skipped).
+class IsolatingPluginManager(pluggy.PluginManager):
+    """A plugin manager where one plugin's exception never costs the other plugins.
 
-    Used for lifecycle and sink hooks, where one plugin's bug must never cost the others.
+    Callers use ``pm.hook.<name>(...)``, so ``firstresult``, other plugins' hook wrappers and
+    pluggy's tracing (``add_hookcall_monitoring``) all run.  Isolation cannot be a hook wrapper:
+    pluggy stops calling implementations at the first exception and hands it to the
+    wrappers, so every plugin after the failing one would be lost.  Instead each plain
+    implementation is guarded as it is registered: an exception is logged with the plugin's
+    name and the implementation counts as having returned ``None`` (left out of the results,
+    and a ``firstresult`` call goes on to the next plugin).  Wrappers are not guarded: a broken
+    wrapper is the site's own tracing code and should be seen; nor are the hooks in
+    :data:`~.hookspec.PROPAGATING`, whose errors the caller reports.
     """
-    pm = get_plugin_manager()
-    results = []
-    for impl in reversed(getattr(pm.hook, hook_name).get_hookimpls()):
-        argnames = impl.argnames
+
+    def register(self, plugin: object, name: str | None = None) -> str | None:
+        plugin_name = super().register(plugin, name)
+        if plugin_name is None:
+            return None
+        for caller in self.get_hookcallers(plugin) or ():
+            if caller.name in PROPAGATING:
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and not (impl.wrapper or impl.hookwrapper):
+                    impl.function = _isolated(impl.function, plugin_name, caller.name)
+        return plugin_name
+
+
+def _isolated(func: Callable[..., Any], plugin_name: str, hook_name: str) -> Callable[..., Any]:
+    @functools.wraps(func)
+    def guard(*args: Any, **kwargs: Any) -> Any:
         try:
-            r = impl.function(*[kwargs[a] for a in argnames])
+            return func(*args, **kwargs)
         except Exception as e:
-            log.warning("plugin %s failed in %s: %s: %s", impl.plugin_name, hook_name,
+            log.warning("plugin %s failed in %s: %s: %s", plugin_name, hook_name,
                         type(e).__name__, e)
-            continue
-        if r is not None:
-            results.append(r)
-    return results
+            return None
+    return guard
+
+
+def hook() -> Any:
+    """The process-wide manager's hook relay: ``hook().reveal_run_start(run=...)``."""
+    return get_plugin_manager().hook
 
 
 def _load_entry_points(pm: pluggy.PluginManager) -> None:

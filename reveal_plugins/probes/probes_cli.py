@@ -6,7 +6,7 @@ import json
 import os
 import sys
 
-from ..hooks import call_safely
+from ..hooks import hook
 from ..types import RunInfo
 from ..cli_options import add_format
 
@@ -26,10 +26,10 @@ def _describe(batches: list, scope: str) -> list[dict]:
 
 
 def probe_inventory(include_run: bool = True) -> list[dict]:
-    rows = _describe(call_safely("reveal_register_probes", config={}), "host")
+    rows = _describe(hook().reveal_register_probes(config={}), "host")
     if include_run:
         me = RunInfo(run_id="probe-check", run_dir="", pids=[os.getpid()], uid=os.getuid())
-        rows += _describe(call_safely("reveal_register_run_probes", run=me, config={}), "run")
+        rows += _describe(hook().reveal_register_run_probes(run=me, config={}), "run")
     return rows
 
 
