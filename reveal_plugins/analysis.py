@@ -17,6 +17,12 @@ from .store.rundir import write_file
 log = logging.getLogger(__name__)
 
 
+#: The key of a run config by which a caller nobody waits on (the Slurm Epilog's detached
+#: analysis, through the ``module:function(run_dir, cfg)`` analyzer interface) grants each
+#: sink more time; :func:`analyze_and_publish` takes it out and hands it to :func:`publish`.
+SINK_BUDGET_KEY = "sink_budget_s"
+
+
 class AnalysisUnavailable(RuntimeError):
     """No plugin implements ``reveal_analyze`` (detection not installed or disabled)."""
 
@@ -30,6 +36,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     Sink failures are logged, never raised.
     """
     cfg = dict(config or {})
+    sink_budget_s = cfg.pop(SINK_BUDGET_KEY, None)
     if baseline:
         cfg["baseline"] = baseline
     meta = store.read_meta(run_dir)  # a clear error for a wrong directory, before any plugin
@@ -48,15 +55,29 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
     if report.get("status") not in ("ok", "partial", "failed", "not_analysed"):
         report["status"] = "ok"     # a site analyzer that predates the field
         report.setdefault("status_reason", None)
+    _publish(report, run_dir, cfg, sink_budget_s=sink_budget_s, sinks=publish)
+    return report
+
+
+def publish(report: dict[str, Any], run_dir: str, config: dict[str, Any] | None = None, *,
+            sink_budget_s: float | None = None, sinks: bool = True) -> None:
+    """The one way a report leaves the analysis: written to ``run_dir/report.json`` (atomic,
+    symlink-safe, numpy values made plain), then handed to every sink in plugin order, each
+    granted ``sink_budget_s`` (``None``: the end of a job, each sink keeps to its own budget).
+    A report that cannot be written is still published, with a note saying so; sink failures
+    are logged by the plugin manager, never raised."""
     data = json.dumps(report, indent=1, sort_keys=False, default=_json_default).encode()
     try:
         write_file(run_dir, store.REPORT, data)
     except OSError as e:
         log.error("cannot write %s: %s", os.path.join(run_dir, store.REPORT), e)
         report.setdefault("notes", []).append(f"report.json not written: {e}")
-    if publish:
-        hook().reveal_report_ready(report=report, run_dir=run_dir, config=cfg)
-    return report
+    if sinks:
+        hook().reveal_report_ready(report=report, run_dir=run_dir, config=dict(config or {}),
+                                   budget_s=sink_budget_s)
+
+
+_publish = publish   # for analyze_and_publish, whose ``publish`` flag shadows the name
 
 
 def publish_stopped(run_dir: str, reason: str, config: dict[str, Any] | None = None
@@ -73,9 +94,8 @@ def publish_stopped(run_dir: str, reason: str, config: dict[str, Any] | None = N
                       f"ANALYSIS STOPPED ({reason}): no window was judged, so the absence of "
                       "anomalies means nothing. Re-run `reveal analyze DIR` with more memory "
                       "or time.")
-    data = json.dumps(rep, indent=1, default=_json_default).encode()
-    write_file(run_dir, store.REPORT, data)
-    hook().reveal_report_ready(report=rep, run_dir=run_dir, config=dict(config or {}))
+    cfg = dict(config or {})
+    publish(rep, run_dir, cfg, sink_budget_s=cfg.pop(SINK_BUDGET_KEY, None))
     return rep
 
 

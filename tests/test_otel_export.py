@@ -39,7 +39,7 @@ def _report(run_dir):
 
 def _timed_sink(run_dir):
     t = time.monotonic()
-    sink.reveal_report_ready(_report(run_dir), run_dir, {})
+    sink.reveal_report_ready(_report(run_dir), run_dir, {}, None)
     return time.monotonic() - t
 
 
@@ -198,7 +198,7 @@ def test_job_end_process_exits_promptly_with_a_hung_backend(otel_clean_env, run_
         from reveal_plugins.otel import sink
         rep = json.load(open({os.path.join(run_dir, 'report.json')!r}))
         print(time.time(), flush=True)
-        sink.reveal_report_ready(rep, {run_dir!r}, {{}})
+        sink.reveal_report_ready(rep, {run_dir!r}, {{}}, None)
     """)
     env = dict(os.environ, OTEL_EXPORTER_OTLP_ENDPOINT=otlp_blackhole,
                OTEL_EXPORTER_OTLP_PROTOCOL=protocol)
@@ -248,7 +248,7 @@ def test_cli_resends_every_failed_export_under_the_spool(otel_clean_env, tmp_pat
         (d / "report.json").write_text(json.dumps(rep))
         dirs.append(str(d))
     otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", otlp_dead_port)
-    sink.reveal_report_ready(_report(dirs[0]), dirs[0], {})       # fails: backend down
+    sink.reveal_report_ready(_report(dirs[0]), dirs[0], {}, None)       # fails: backend down
     from reveal_plugins.otel.cli import main
     assert main(["export", "--failed", "--spool", str(spool),
                  "--endpoint", otlp_http.endpoint]) == 0
@@ -279,13 +279,13 @@ def test_retry_that_succeeds_after_the_caller_went_on_corrects_the_status(otel_c
 
 
 def test_detached_caller_waits_for_a_slow_backend(otel_clean_env, run_dir):
-    """config["sink_budget_s"] (the Slurm Epilog's background analysis grants it): nobody waits
+    """budget_s from the caller (the Slurm Epilog's background analysis grants it): nobody waits
     on it, so a backend answering after 1.5 s still gets the trace at the first try."""
     slow = OtlpHttpReceiver(delay_s=1.5)
     try:
         otel_clean_env.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", slow.endpoint)
         t = time.monotonic()
-        sink.reveal_report_ready(_report(run_dir), run_dir, {"sink_budget_s": 600})
+        sink.reveal_report_ready(_report(run_dir), run_dir, {}, 600)
         assert 1.4 < time.monotonic() - t < 5
         assert read_status(run_dir)["ok"]
     finally:

@@ -42,7 +42,7 @@ def test_credentials_never_logged_nor_saved(otel_clean_env, run_dir, caplog, cap
         otel_clean_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", HEADERS)
         caplog.set_level(logging.DEBUG)
         sink.reveal_report_ready(json.load(open(os.path.join(run_dir, "report.json"))),
-                                 run_dir, {"sink_budget_s": 600})
+                                 run_dir, {}, 600)
         status = open(os.path.join(run_dir, "otel.json")).read()
         st = json.loads(status)
         assert not st["ok"] and st["error"]

@@ -97,7 +97,7 @@ def test_otel_json_has_no_header_value_nor_query(otel_clean_env, tmp_path, caplo
                           otlp_dead_port + f"/v1/traces?sig={SIG}&sp=r")
     otel_clean_env.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"x-honeycomb-team={HC_KEY}")
     caplog.set_level(logging.DEBUG)
-    sink.reveal_report_ready(make_otel_report(), str(run_dir), {"sink_budget_s": 600})
+    sink.reveal_report_ready(make_otel_report(), str(run_dir), {}, 600)
     status = (run_dir / "otel.json").read_text()
     assert not json.loads(status)["ok"]
     logs = "\n".join(r.getMessage() for r in caplog.records)

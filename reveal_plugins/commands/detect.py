@@ -143,14 +143,9 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     except (StoreError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return EXIT_PROBLEM
-    from ..hooks import hook
+    from ..analysis import publish
     for rep, d in items:    # each node's report now carries the job's verdict (job_peers)
-        try:
-            write_file(d, "report.json", json.dumps(rep, indent=1).encode())
-        except OSError as e:
-            print(f"reveal analyze: {d}/report.json not rewritten: {e}", file=sys.stderr)
-        if not args.no_publish:
-            hook().reveal_report_ready(report=rep, run_dir=d, config=cfg)
+        publish(rep, d, cfg, sinks=not args.no_publish)
     try:
         _check_writable_as_root(job_dir)
         write_file(job_dir, "job-report.json", (json.dumps(doc, indent=1) + "\n").encode())

@@ -73,7 +73,7 @@ class DetectConfig(BaseModel):
 
 #: Keys of a run-wide configuration that belong to other rooms (recording, agent, sinks).
 FOREIGN_KEYS = frozenset({"interval_s", "gpus", "baseline", "otel", "slurm", "agent",
-                          "record", "detect", "spool", "source", "sink_budget_s"})
+                          "record", "detect", "spool", "source"})
 
 
 def detect_config(config: dict[str, Any] | DetectConfig | None,

@@ -124,14 +124,16 @@ def reveal_hints(anomaly: dict[str, Any], context: dict[str, Any]) -> list[dict[
 # -- 4. sinks --------------------------------------------------------------------------------
 
 @hookspec
-def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any]) -> None:
+def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any],
+                        budget_s: float | None) -> None:
     """A report was produced for ``run_dir`` (already written to ``report.json``).
 
-    Sinks (OTel, Slurm job summaries, site databases) consume it here.  Must return quickly
-    (the end of a job waits on this hook): a sink that talks to the network bounds its time.
-    The caller sets the time policy: ``config["sink_budget_s"]`` (seconds) is what it grants
-    each sink, set by callers nobody waits on (the Slurm Epilog's detached analysis); absent,
-    a sink keeps to its own job-end budget.
+    Sinks (OTel, Slurm job summaries, site databases) consume it here, in plugin order, all
+    called by :func:`reveal_plugins.analysis.publish`.  ``budget_s`` is the time the caller
+    grants each sink: ``None`` at the end of a job, which waits on this hook (a sink keeps to
+    its own job-end budget, e.g. ``[otel] budget_s``); seconds from a caller nobody waits on
+    (the Slurm Epilog's detached analysis).  A sink that talks to the network bounds its time
+    by it.
     """
 
 

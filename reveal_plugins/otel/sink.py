@@ -3,8 +3,8 @@
 * ``reveal_report_ready``: sends the finished run as one trace when OTLP export is configured
   (see :mod:`.config`); the caller (Slurm epilog, ``reveal record``, ``reveal-torchrun``) waits at
   most ``budget_s`` (default 1 s) whatever the backend does.  A caller that grants more time
-  says so with ``config["sink_budget_s"]`` (the Slurm Epilog's detached analysis, which nobody
-  waits on); the export then takes up to that, at most ``timeout_s``.
+  passes the hook's ``budget_s`` (the Slurm Epilog's detached analysis, which nobody waits
+  on); the export then takes up to that, at most ``timeout_s``.
 * ``reveal_agent_started`` / ``reveal_agent_stopping`` / ``reveal_live_finding``: optional live
   metrics from the node agent (``[otel] metrics = true`` or ``REVEAL_OTEL_METRICS=1``).
 
@@ -41,18 +41,17 @@ def _config(config: dict[str, Any] | None):
 
 
 @hookimpl
-def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any]) -> None:
-    """Export ``report`` as a trace; never raises, never waits longer than ``budget_s``."""
+def reveal_report_ready(report: dict[str, Any], run_dir: str, config: dict[str, Any],
+                        budget_s: float | None) -> None:
+    """Export ``report`` as a trace; never raises, never waits longer than the caller's
+    ``budget_s`` (at most ``timeout_s``) or, at the end of a job, ``[otel] budget_s``."""
     t0 = time.monotonic()
     cfg = _config(config)
     if cfg is None:
         return None
     try:
         from .export import export_report, read_meta
-        # The caller owns the time policy: config["sink_budget_s"] is what it grants each
-        # sink (reveal_report_ready's spec); without it, the job-end budget.
-        grant = config.get("sink_budget_s") if isinstance(config, dict) else None
-        limit = cfg.budget_s if grant is None else min(float(grant), cfg.timeout_s)
+        limit = cfg.budget_s if budget_s is None else min(float(budget_s), cfg.timeout_s)
         budget = limit - (time.monotonic() - t0)
         outcome = export_report(report, read_meta(run_dir), cfg, budget_s=budget, run_dir=run_dir)
         if outcome.ok:

@@ -497,7 +497,8 @@ STOPPED_SINK_BUDGET_S = 60.0
 def detached_analysis_config(cfg: SlurmConfig, sink_budget_s: float) -> dict[str, Any]:
     """The config the detached analysis hands the analyzer and the sinks: nobody waits on it,
     so it grants each sink ``sink_budget_s`` instead of the job-end budget."""
-    return {**cfg.as_analysis_config(), "sink_budget_s": float(sink_budget_s)}
+    from ..analysis import SINK_BUDGET_KEY
+    return {**cfg.as_analysis_config(), SINK_BUDGET_KEY: float(sink_budget_s)}
 
 
 def analyze_job(run_dir: str, wait_closed: bool = False, finalize: int | None | bool = False
