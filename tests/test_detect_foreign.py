@@ -273,3 +273,41 @@ def test_io_neighbour_with_io_pressure_is_storage():
                                "cpu.psi.some_total": ("us", lambda x: 3e5 if on(x) else 1e3)})
     det = run(t, v, ch)
     assert [a["subsystem"] for a in det.anomalies] == ["storage"], det.anomalies
+
+
+def _write(run_dir, t, v, ch):
+    """The frame as a run directory, written by the store's own writer."""
+    import os
+
+    from reveal_plugins.store.store import SegmentWriter, write_meta
+    os.makedirs(run_dir)
+    w = SegmentWriter(run_dir, ch)
+    for i in range(len(t)):
+        w.add(float(t[i]), v[i])
+    w.flush()
+    write_meta(run_dir, {"schema": "reveal.run/1", "host": "h", "interval_s": IV,
+                         "run": {"run_id": "r", "run_dir": run_dir, "source": "local",
+                                 "host": "h", "command": ["x"]},
+                         "channels": [c.to_dict() for c in ch], "probes": [],
+                         "start": float(t[0]), "end": float(t[-1]) + IV, "exit_code": 0,
+                         "steps": []})
+    return run_dir
+
+
+@pytest.mark.parametrize("until,job,hogs", [(12, 0.2, 1.8), (17, 0.7, 1.3)])
+def test_long_run_path_finds_a_neighbour_present_from_the_start(tmp_path, until, job, hogs):
+    """The long-run path (feature store, run in chunks) calls the batch stages, so it finds
+    what the batch path finds.  Its own copy of the event stage had lost the flag of foreign
+    load held inside the start-up grace (issue 23): it missed a neighbour gone at +12 s and
+    reported one gone at +17 s from +11 s instead of +1 s."""
+    from reveal_plugins.detect import analyze
+    t, v, ch = frame(run_cores=lambda x: job if x < until else 1.0,
+                     foreign_cores=lambda x: hogs if x < until else 0.0)
+    d = _write(str(tmp_path / "run"), t, v, ch)
+    batch, streamed = analyze(d), analyze(d, {"stream_after_s": 0})
+    assert streamed["analysis"]["streamed"] and not batch["analysis"].get("streamed")
+    for rep in (batch, streamed):
+        assert [a["subsystem"] for a in rep["anomalies"]] == ["cpu"], rep["anomalies"]
+        a = rep["anomalies"][0]
+        assert a["start"] - T0 < 3 and abs(a["end"] - T0 - until) <= 3, a
+        assert a["foreign"]["since_start"] is True

@@ -144,14 +144,23 @@ def builtin_detectors(config: dict | None = None) -> list:
     return dets
 
 
-def normalize(scores: np.ndarray, fit_scores: np.ndarray, floor: float) -> np.ndarray:
-    """Scores in robust-sigma units of the detector's own score distribution (floored)."""
+def norm_params(fit_scores: np.ndarray, floor: float) -> tuple[float, float] | None:
+    """Median and robust spread (MAD x 1.4826, at least ``floor``) of a detector's scores on
+    the windows it was fitted on; None when none is finite."""
     fs = fit_scores[np.isfinite(fit_scores)]
     if len(fs) == 0:
-        return np.zeros_like(scores)
+        return None
     med = float(np.median(fs))
     mad = 1.4826 * float(np.median(np.abs(fs - med)))
-    return (scores - med) / max(mad, floor)
+    return med, max(mad, floor)
+
+
+def normalize(scores: np.ndarray, fit_scores: np.ndarray, floor: float) -> np.ndarray:
+    """Scores in robust-sigma units of the detector's own score distribution (floored)."""
+    p = norm_params(fit_scores, floor)
+    if p is None:
+        return np.zeros_like(scores)
+    return (scores - p[0]) / p[1]
 
 
 def fuse(normalized: list[np.ndarray]) -> np.ndarray:

@@ -8,11 +8,13 @@ window statistics instead of a sample matrix:
 2. pass 1 over the feature files: window times and validity, per-channel sums (channel
    filtering), the few columns every window needs (foreign load, GPU invariants) and a
    systematic sample of at most ``fit_windows`` windows (every k-th);
-3. reference levels, pruning, the robust scaler, the core and the detectors are fitted on
-   that sample, exactly as :func:`.stages.model_stage` fits on all windows;
+3. the model (:mod:`.model`: channel choice, pruning, robust scaler, the core and the
+   detectors) is fitted on that sample, exactly as :func:`.stages.model_stage` fits on all
+   windows;
 4. pass 2: every window is scored chunk by chunk (fused score, baseline score);
-5. events, evidence families, attribution and hints as in :func:`.pipeline.detect`; an
-   event's window means are read back from the files that hold them.
+5. :func:`.stages.event_stage` and :func:`.stages.conclude`, the batch path's own stages, on
+   the gathered columns and the sample; an event's window means are read back from the
+   files that hold them.
 
 Memory: the sample (``fit_windows`` x channels x 5), one feature file (<= one hour) and a few
 numbers per window (~60 B x 600 000 windows for a week).  A run shorter than ``fit_windows``
@@ -24,24 +26,17 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
-from . import attribution as attr
 from . import foreign as fl
-from . import gpu, stages
-from .boundaries import boundaries, suppressed
-from .detectors import fuse
-from .events import group, hysteresis, span
+from . import gpu, model, stages
 from .featstore import FeatureFileError, FeatureStore, segment_seq, read
 from .featurize import Chunk, full_columns, informative_from, prepared_names
-from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
-from .detection import Detection, set_anomalies
-from .prepare import PER_CORE
-from .prune import prune
+from .features import feature_matrix
+from .detection import Detection
 from .windows import STATS, Windows
 
 log = logging.getLogger(__name__)
@@ -237,83 +232,55 @@ def _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv, fu
     ws = cfg["window_s"]
     out.analysis["windows"] = m
     out.analysis["fit_windows"] = len(sample_rows)
-    if m < 2 * cfg["min_windows"] + 2:
-        notes.append(f"run too short for {ws:g} s windows every {cfg['stride_s']:g} s "
-                     f"({t_max - t_min:.1f} s of samples): nothing to analyse")
+    if stages.too_short(m, float(t_min), float(t_max), cfg, notes):
         return out, samples
     keep, reasons = informative_from(acc)
     out.analysis["channels_dropped"] = {r: int(v.sum()) for r, v in reasons.items()}
-    per_core = np.array([bool(PER_CORE.match(n)) for n in names], bool)
-    keep &= ~per_core
-    end = start + ws
-    starts, ends = boundaries(meta, events, float(t_min), float(t_max))
-    supp = suppressed(start, end, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
-    fitrows = valid & ~supp
-    if fitrows.sum() < 10:
-        fitrows = valid.copy()
-    if fitrows.sum() < 4:
-        notes.append("too few complete windows (gaps or missing samples): nothing to analyse")
+    win = Windows(start, start + ws, np.zeros(m, int), valid, {}, ws, cfg["stride_s"])
+    W = stages.windows_judged(win, _LazyMeans(files, offsets, tail, c), names, units, keep,
+                              meta, events, float(t_min), float(t_max), cfg, notes)
+    if W is None:
         return out, samples
-    floors, rels = channel_floors(names, units), rel_floors(units)
-    fit_s = fitrows[sample_rows]
+    fit_s = W.fitrows[sample_rows]
     if fit_s.sum() < 4:
         fit_s = valid[sample_rows]
-    # -- fit on the sample (stages.model_stage's steps) -----------------------------------
-    det_cols = np.nonzero(keep)[0]
-    model = _fit(S, fit_s, det_cols, pos_full, names, floors, rels, ws, cfg, notes, out)
-    # -- pass 2: score every window --------------------------------------------------------
+    floors, rels = W.floors, W.rels
+    # -- fit on the sample: the same model as stages.model_stage ----------------------------
+    det_cols = np.nonzero(W.modelled)[0]
+    fitted = None
+    if len(det_cols) == 0:
+        notes.append(model.NOTHING_VARIES)
+    else:
+        Md = S["mean"][fit_s][:, det_cols].astype(np.float64)
+        mcols, pruned = model.choose_modelled(Md, det_cols, names, floors, rels, cfg)
+        del Md
+        mpos = pos_full[mcols]
+        fitted = model.fit_model(_features(S, mcols, mpos, np.nonzero(fit_s)[0]), mcols,
+                                 floors, rels, ws, cfg, notes)
+        out.analysis.update({"detectors": fitted.names if fitted is not None else [],
+                             "channels_analysed": int(len(det_cols)),
+                             "channels_modelled": int(len(mcols)), "pruned": pruned})
+    # -- pass 2: score every window, chunk by chunk ------------------------------------------
     fused = np.zeros(m)
-    from .stages import BaselineStage
-    B = BaselineStage(score=np.zeros(m), flag=np.zeros(m, bool))
-    if baseline is not None:
-        from .baseline import columns
-        B.cols, B.center, B.scale = columns(names, baseline)
-        out.analysis["baseline"] = {"runs": len(baseline.get("runs", [])),
-                                    "channels": int(len(B.cols))}
-        if len(B.cols) == 0:
-            notes.append("the baseline shares no channel with this run; ignored")
-    if model is not None or len(B.cols):
+    B = stages.baseline_columns(names, m, baseline, notes, out.analysis)
+    if fitted is not None or len(B.cols):
         for i, ch in enumerate(_iter(files, tail)):
             a, b = offsets[i], offsets[i + 1]
-            if model is not None:
-                fused[a:b] = model.score(ch)
+            if fitted is not None and len(ch):
+                fused[a:b] = fitted.score(_features(ch.stats, mcols, mpos))
             if len(B.cols):
-                Zb = np.abs((ch.stats["mean"][:, B.cols] - B.center) / B.scale)
-                Zb = np.where(np.isfinite(Zb), Zb, 0.0)
-                kk = min(2, Zb.shape[1])
-                B.score[a:b] = np.partition(Zb, Zb.shape[1] - kk, axis=1)[:, -kk:].mean(axis=1)
-    flaggable = valid & ~supp
+                B.score[a:b] = stages.baseline_score(ch.stats["mean"], B)
     if len(B.cols):
-        B.flag = flaggable & (B.score >= cfg["baseline_threshold"])
-    flag_m = hysteresis(fused, flaggable, cfg["threshold"],
-                        cfg["threshold"] * cfg["low_fraction"]) if model is not None \
-        else np.zeros(m, bool)
-    M = stages.ModelStage(fused, flag_m)
-    # -- events (stages.event_stage, the reference from the sample) -----------------------
+        B.flag = stages.baseline_flag(B, W.flaggable, cfg)
+    M = stages.ModelStage(fused, stages.flag_model(fused, W.flaggable, cfg)
+                          if fitted is not None else np.zeros(m, bool))
+    # -- events and judgement: the batch stages, on the gathered columns and the sample ------
     gnames = [names[j] for j in keepcols]
-    win = Windows(start, end, np.zeros(m, int), valid, {}, ws, cfg["stride_s"])
-    fam = fl.family(gathered, gnames, fitrows, start, cfg["foreign_z"])
-    flag = M.flag | B.flag | (fam.flag & flaggable)
-    groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
-    w = max(1, int(round(ws / cfg["stride_s"])))
-    near = np.convolve(flag.astype(int), np.ones(2 * w + 1, int), mode="same") > 0
-    normal = valid & ~near & ~supp
-    if normal.sum() < 5:
-        normal = valid & ~flag
-    center, scale = attr.reference(S["mean"], normal[sample_rows], floors, rels)
-    fam = fl.family(gathered, gnames, normal, start, cfg["foreign_z"])
-    fam.cols = np.array([idx[n] for n in fam.names], np.intp)
-    if len(fam.names):
-        out.analysis["foreign"] = {n: {"normal": round(float(c_), 4), "bar": round(float(b_), 4)}
-                                   for n, c_, b_ in zip(fam.names, fam.center, fam.bar)}
-    out.analysis["flagged_windows"] = int(flag.sum())
-    spans = [span(a, b, win.mid, win.stride_s) for a, b in groups]
-    E = stages.EventStage(flag, groups, spans, center, scale, fam, attr.symptom_mask(names))
-    W = stages.WindowStage(win, _LazyMeans(files, offsets, tail, c), valid, supp, fitrows,
-                           starts, ends, floors, rels, keep, per_core)
     P = _Names(names, units, win.mid, _Cols({j: gathered[:, q] for q, j in enumerate(keepcols)},
                                             m), cfg["stride_s"])
-    _judge_all(out, P, W, M, B, E, cfg, meta, events)
+    E = stages.event_stage(P, W, M, B, cfg, out.analysis, gathered=(gathered, gnames),
+                           sample=(S["mean"], sample_rows))
+    stages.conclude(P, W, M, B, E, cfg, meta, events, out)
     return out, samples
 
 
@@ -338,95 +305,12 @@ def _input_notes(notes, gaps, resets, dropped):
                      "left out")
 
 
-class _Model:
-    """The fitted detectors and how to score a chunk of windows with them."""
-
-    def __init__(self, mcols, mpos):
-        self.mcols, self.mpos = mcols, mpos    # modelled channels, their full-stat columns
-        self.scaler, self.dets, self.norms = None, [], []
-
-    def features(self, stats: dict[str, np.ndarray], rows=None) -> np.ndarray:
-        st = {s: (v if rows is None else v[rows]) for s, v in stats.items()}
-        n = len(st["mean"])
-        win = Windows(np.zeros(n), np.zeros(n), np.zeros(n, int), np.ones(n, bool),
-                      {s: st[s][:, self.mpos] if s != "mean" else st[s][:, self.mcols]
-                       for s in STATS}, 0, 0)
-        return feature_matrix(win)
-
-    def score(self, ch: Chunk) -> np.ndarray:
-        if len(ch) == 0:
-            return np.zeros(0)
-        Z = self.scaler.transform(self.features(ch.stats))
-        # detectors.normalize, with the centre and spread of the fit sample's core scores
-        normed = [(d.score_samples(Z) - med) / sc for d, (med, sc) in zip(self.dets,
-                                                                            self.norms)]
-        return fuse([np.asarray(x, np.float64) for x in normed])
-
-
-def _fit(S, fit_s, det_cols, pos_full, names, floors, rels, ws, cfg, notes, out):
-    if len(det_cols) == 0:
-        notes.append("every channel is constant, empty or all-zero: nothing varies, so "
-                     "there is nothing to detect within the run")
-        return None
-    Md = S["mean"][fit_s][:, det_cols].astype(np.float64)
-    c0, s0 = attr.reference(Md, np.ones(len(Md), bool), floors[det_cols], rels[det_cols])
-    with np.errstate(invalid="ignore"):
-        reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
-    sym = attr.symptom_mask([names[i] for i in det_cols])[0]
-    prio = np.log1p(np.minimum(reach, 1e6)) + 100.0 * sym
-    kept, rep = prune(Md, [names[i] for i in det_cols], cfg["prune_threshold"], prio)
-    del Md
-    mcols = det_cols[kept]
-    model = _Model(mcols, pos_full[mcols])
-    F = model.features(S, np.nonzero(fit_s)[0])
-    wide = np.array([s != "mean" for s in STATS] * len(mcols))
-    ffl = feature_floors(floors[mcols], ws)
-    frel = np.repeat(rels[mcols], len(STATS))
-    allrows = np.ones(len(F), bool)
-    scaler = fit_scaler(F, ffl, allrows, frel, wide)
-    Z = scaler.transform(F)
-    core = allrows
-    for _ in range(2):
-        norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
-        core = norm <= np.quantile(norm, cfg["core_quantile"])
-        if core.sum() < 10:
-            core = allrows
-            break
-        scaler = fit_scaler(F, ffl, core, frel, wide)
-        Z = scaler.transform(F)
-    del F
-    dets, norms, dnames = [], [], []
-    for d in stages._detectors(cfg):
-        try:
-            d.fit(Z[core])
-            s = np.asarray(d.score_samples(Z[core]), dtype=np.float64)
-            fs = s[np.isfinite(s)]
-            med = float(np.median(fs)) if len(fs) else 0.0
-            mad = 1.4826 * float(np.median(np.abs(fs - med))) if len(fs) else 0.0
-            dets.append(d)
-            norms.append((med, max(mad, float(getattr(d, "score_floor", 1e-6)))))
-            dnames.append(getattr(d, "name", type(d).__name__))
-        except Exception as e:
-            notes.append(f"detector {getattr(d, 'name', d)!r} failed: {type(e).__name__}: {e}")
-    if not dets:
-        notes.append(stages.NO_DETECTOR)
-    model.scaler, model.dets, model.norms = scaler, dets, norms
-    out.analysis.update({"detectors": dnames, "channels_analysed": int(len(det_cols)),
-                         "channels_modelled": int(len(mcols)), "pruned": len(rep)})
-    return model if dets else None
-
-
-def _judge_all(out, P, W, M, B, E, cfg, meta, events):
-    anomalies: list[dict] = []
-    weak = 0
-    for j in stages.judge_all(P, W, M, B, E, cfg, meta, events):
-        if j.kind == "anomaly":
-            anomalies.append(j.item)
-        elif j.kind == "observation":
-            out.observations.append(j.item)
-        else:
-            weak += 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        anomalies = gpu.findings(P, W, E, cfg, meta, events, anomalies, out)
-    set_anomalies(out, anomalies, weak, cfg)
+def _features(stats: dict[str, np.ndarray], mcols: np.ndarray, mpos: np.ndarray,
+              rows=None) -> np.ndarray:
+    """The feature rows of stored window statistics: the modelled channels' means (``mcols``)
+    and their full statistics (``mpos``, columns of the full-stat arrays)."""
+    st = {s: (v if rows is None else v[rows]) for s, v in stats.items()}
+    n = len(st["mean"])
+    win = Windows(np.zeros(n), np.zeros(n), np.zeros(n, int), np.ones(n, bool),
+                  {s: st[s][:, mpos] if s != "mean" else st[s][:, mcols] for s in STATS}, 0, 0)
+    return feature_matrix(win)

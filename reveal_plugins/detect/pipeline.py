@@ -20,9 +20,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..types import ChannelMeta
-from . import gpu, stages
+from . import stages
 from .config import FOREIGN_KEYS, DetectConfig, detect_config
-from .detection import Detection, set_anomalies  # noqa: F401  (Detection: re-exported)
+from .detection import Detection  # noqa: F401  (re-exported)
 from .hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
 from .prepare import Prepared, load_prepared, prepare
 from .report import failed_report, run_section, summary, telemetry_section, verdict_status, SCHEMA
@@ -67,18 +67,7 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     M = stages.model_stage(P, W, cfg, out.notes, out.analysis)
     B = stages.baseline_stage(P, W, baseline, cfg, out.notes, out.analysis)
     E = stages.event_stage(P, W, M, B, cfg, out.analysis)
-    anomalies: list[dict] = []
-    weak = 0
-    for j in stages.judge_all(P, W, M, B, E, cfg, meta, events):
-        if j.kind == "anomaly":
-            anomalies.append(j.item)
-        elif j.kind == "observation":
-            out.observations.append(j.item)
-        else:
-            weak += 1
-    # GPU invariants and each GPU against its siblings (:mod:`.gpu`)
-    anomalies = gpu.findings(P, W, E, cfg, meta, events, anomalies, out)
-    set_anomalies(out, anomalies, weak, cfg)
+    stages.conclude(P, W, M, B, E, cfg, meta, events, out)
     return out
 
 

@@ -19,16 +19,16 @@ import numpy as np
 
 from . import attribution as attr
 from . import foreign as fl
+from .detection import Detection, set_anomalies
 from .boundaries import at_edge, boundaries, steady_before, step_of, suppressed
-from .detectors import builtin_detectors, fuse, normalize
+from . import model
 from .events import group, hysteresis, span
-from .features import channel_floors, feature_floors, feature_matrix, fit_scaler, rel_floors
-from .gpu import invariant_findings as gpu_invariants
+from .features import channel_floors, feature_matrix, rel_floors
+from .gpu import findings as gpu_findings, invariant_findings as gpu_invariants
 from .hinting import hints_for
 from .prepare import PER_CORE, Prepared, informative
-from .prune import prune
 from .report import host_of
-from .windows import STATS, windows_pieces as sliding_windows
+from .windows import windows_pieces as sliding_windows
 
 log = logging.getLogger(__name__)
 
@@ -59,17 +59,31 @@ def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: 
     """3-s windows every 1 s; None (with a note) when the run is too short or too gappy."""
     keep, reasons = informative(P.X)
     analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
-    per_core = np.array([bool(PER_CORE.match(n)) for n in P.names], bool)
-    keep &= ~per_core      # modelled through cpu.cores.* aggregates (see prepare.derive_channels)
     win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
                           stats=("mean",))
     analysis["windows"] = len(win)
-    if len(win) < 2 * cfg["min_windows"] + 2:
-        notes.append(f"run too short for {cfg['window_s']:g} s windows every "
-                     f"{cfg['stride_s']:g} s ({P.t[-1] - P.t[0]:.1f} s of samples): "
-                     "nothing to analyse")
+    if too_short(len(win), float(P.t[0]), float(P.t[-1]), cfg, notes):
         return None
-    starts, ends = boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
+    return windows_judged(win, win.stats["mean"], P.names, P.units, keep, meta, events,
+                          float(P.t[0]), float(P.t[-1]), cfg, notes)
+
+
+def too_short(m: int, t0: float, t1: float, cfg: dict, notes: list[str]) -> bool:
+    if m >= 2 * cfg["min_windows"] + 2:
+        return False
+    notes.append(f"run too short for {cfg['window_s']:g} s windows every {cfg['stride_s']:g} s "
+                 f"({t1 - t0:.1f} s of samples): nothing to analyse")
+    return True
+
+
+def windows_judged(win, means, names: list[str], units: list[str], informative_: np.ndarray,
+                   meta: dict, events: list[dict], t0: float, t1: float, cfg: dict,
+                   notes: list[str]) -> WindowStage | None:
+    """Which windows are start-up or teardown grace, which the detectors learn from, which
+    channels are modelled (per-core ones never: they speak through their ``cpu.cores.*``
+    aggregates); None (with a note) when too few windows are complete."""
+    per_core = np.array([bool(PER_CORE.match(n)) for n in names], bool)
+    starts, ends = boundaries(meta, events, t0, t1)
     supp = suppressed(win.start, win.end, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
     valid = win.valid.copy()
     fitrows = valid & ~supp
@@ -78,12 +92,9 @@ def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: 
     if fitrows.sum() < 4:
         notes.append("too few complete windows (gaps or missing samples): nothing to analyse")
         return None
-    return WindowStage(win, win.stats["mean"], valid, supp, fitrows, starts, ends,
-                       channel_floors(P.names, P.units), rel_floors(P.units), keep, per_core)
-
-
-#: The note of a run no detector could score (every one failed): nothing was judged.
-NO_DETECTOR = "no detector ran: every detector failed"
+    return WindowStage(win, means, valid, supp, fitrows, starts, ends,
+                       channel_floors(names, units), rel_floors(units),
+                       informative_ & ~per_core, per_core)
 
 
 @dataclass
@@ -94,73 +105,32 @@ class ModelStage:
     flag: np.ndarray
 
 
-def _detectors(cfg: dict) -> list:
-    try:
-        from ..hooks.manager import hook
-
-        dets = [d for lst in hook().reveal_detectors(config=cfg) for d in (lst or [])]
-    except Exception as e:  # plugin manager unusable: keep the built-ins
-        log.warning("detector plugins unavailable (%s); using built-ins", e)
-        dets = []
-    return dets or builtin_detectors(cfg)
+def flag_model(fused: np.ndarray, flaggable: np.ndarray, cfg: dict) -> np.ndarray:
+    """Windows the fused score flags: above ``threshold``, held down to ``low_fraction`` of it."""
+    return hysteresis(fused, flaggable, cfg["threshold"], cfg["threshold"] * cfg["low_fraction"])
 
 
 def model_stage(P: Prepared, W: WindowStage, cfg: dict, notes: list[str], analysis: dict
                 ) -> ModelStage:
-    """Features of the modelled channels (pruned, robust-scaled) -> detectors -> fused score."""
+    """Features of the modelled channels (pruned, robust-scaled) -> detectors -> fused score
+    (:mod:`.model`, shared with the long-run path)."""
     m = len(W.means)
     det_cols = np.nonzero(W.modelled)[0]
     if len(det_cols) == 0:
-        notes.append("every channel is constant, empty or all-zero: nothing varies, so "
-                     "there is nothing to detect within the run")
+        notes.append(model.NOTHING_VARIES)
         return ModelStage(np.zeros(m), np.zeros(m, bool))
     Md = W.means[W.fitrows][:, det_cols].astype(np.float64)
-    c0, s0 = attr.reference(Md, np.ones(len(Md), bool), W.floors[det_cols], W.rels[det_cols])
-    with np.errstate(invalid="ignore"):
-        reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
-    # representatives: symptom channels first, then the channel that moves most
-    sym = attr.symptom_mask([P.names[i] for i in det_cols])[0]
-    prio = np.log1p(np.minimum(reach, 1e6)) + 100.0 * sym
-    kept, rep = prune(Md, [P.names[i] for i in det_cols], cfg["prune_threshold"], prio)
-    mcols = det_cols[kept]
+    mcols, pruned = model.choose_modelled(Md, det_cols, P.names, W.floors, W.rels, cfg)
+    del Md
     wfull = sliding_windows(P.t, P.X[:, mcols], cfg["window_s"], cfg["stride_s"], P.interval_s)
     F = feature_matrix(wfull)
     del wfull
-    wide = np.array([s != "mean" for s in STATS] * len(mcols))
-    ffl = feature_floors(W.floors[mcols], W.win.window_s)
-    frel = np.repeat(W.rels[mcols], len(STATS))
-    scaler = fit_scaler(F, ffl, W.fitrows, frel, wide)
-    Z = scaler.transform(F)
-    # Fit on the core of the run: the windows nearest the centre (by feature norm).  An
-    # anomaly covering a good part of the run would otherwise be learnt as normal (a
-    # principal component, a dense region for the forest).  The scaler is refitted on the
-    # core too, so a long anomaly does not inflate the spreads it is measured in.
-    core = W.fitrows
-    for _ in range(2):
-        norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
-        core = W.fitrows & (norm <= np.quantile(norm[W.fitrows], cfg["core_quantile"]))
-        if core.sum() < 10:
-            core = W.fitrows
-            break
-        scaler = fit_scaler(F, ffl, core, frel, wide)
-        Z = scaler.transform(F)
-    del F
-    normed, names = [], []
-    for d in _detectors(cfg):
-        try:
-            d.fit(Z[core])
-            s = np.asarray(d.score_samples(Z), dtype=np.float64)
-            normed.append(normalize(s, s[core], float(getattr(d, "score_floor", 1e-6))))
-            names.append(getattr(d, "name", type(d).__name__))
-        except Exception as e:  # one broken detector must not cost the analysis
-            notes.append(f"detector {getattr(d, 'name', d)!r} failed: {type(e).__name__}: {e}")
-    if not normed:
-        notes.append(NO_DETECTOR)
-    fused = fuse(normed) if normed else np.zeros(m)
-    flag = hysteresis(fused, W.flaggable, cfg["threshold"], cfg["threshold"] * cfg["low_fraction"])
-    analysis.update({"detectors": names, "channels_analysed": int(len(det_cols)),
-                     "channels_modelled": int(len(mcols)), "pruned": len(rep)})
-    return ModelStage(fused, flag)
+    fitted = model.fit_model(F[W.fitrows], mcols, W.floors, W.rels, W.win.window_s, cfg, notes)
+    fused = fitted.score(F) if fitted is not None else np.zeros(m)
+    analysis.update({"detectors": fitted.names if fitted is not None else [],
+                     "channels_analysed": int(len(det_cols)),
+                     "channels_modelled": int(len(mcols)), "pruned": pruned})
+    return ModelStage(fused, flag_model(fused, W.flaggable, cfg))
 
 
 @dataclass
@@ -176,23 +146,38 @@ class BaselineStage:
 
 def baseline_stage(P: Prepared, W: WindowStage, baseline: dict | None, cfg: dict,
                    notes: list[str], analysis: dict) -> BaselineStage:
-    m = len(W.means)
+    B = baseline_columns(P.names, len(W.means), baseline, notes, analysis)
+    if len(B.cols):
+        B.score = baseline_score(W.means, B)
+        B.flag = baseline_flag(B, W.flaggable, cfg)
+    return B
+
+
+def baseline_columns(names: list[str], m: int, baseline: dict | None, notes: list[str],
+                     analysis: dict) -> BaselineStage:
+    """The channels a cross-run baseline covers and their levels; scores still zero."""
     B = BaselineStage(score=np.zeros(m), flag=np.zeros(m, bool))
     if baseline is None:
         return B
     from .baseline import columns
 
-    B.cols, B.center, B.scale = columns(P.names, baseline)
+    B.cols, B.center, B.scale = columns(names, baseline)
     analysis["baseline"] = {"runs": len(baseline.get("runs", [])), "channels": int(len(B.cols))}
     if len(B.cols) == 0:
         notes.append("the baseline shares no channel with this run; ignored")
-        return B
-    Zb = np.abs((W.means[:, B.cols] - B.center) / B.scale)
+    return B
+
+
+def baseline_score(means: np.ndarray, B: BaselineStage) -> np.ndarray:
+    """Each window's distance from the baseline: the mean of its two largest |z|."""
+    Zb = np.abs((means[:, B.cols] - B.center) / B.scale)
     Zb = np.where(np.isfinite(Zb), Zb, 0.0)
     k = min(2, Zb.shape[1])
-    B.score = np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
-    B.flag = W.flaggable & (B.score >= cfg["baseline_threshold"])
-    return B
+    return np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
+
+
+def baseline_flag(B: BaselineStage, flaggable: np.ndarray, cfg: dict) -> np.ndarray:
+    return flaggable & (B.score >= cfg["baseline_threshold"])
 
 
 @dataclass
@@ -209,11 +194,17 @@ class EventStage:
 
 
 def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cfg: dict,
-                analysis: dict) -> EventStage:
+                analysis: dict, gathered: tuple[np.ndarray, list[str]] | None = None,
+                sample: tuple[np.ndarray, np.ndarray] | None = None) -> EventStage:
     """Union of the detectors', the baseline's and the foreign-load flags -> events; the
-    reference (level, spread, foreign bars) from the valid windows away from any flag."""
+    reference (level, spread, foreign bars) from the valid windows away from any flag.
+
+    The long-run path keeps only a few columns of every window and a sample of all of them:
+    ``gathered`` (window means, their names) is what the foreign-load family reads, and
+    ``sample`` (window means, their rows) what the reference level and spread come from."""
     win = W.win
-    fam = fl.family(W.means, P.names, W.fitrows, win.start, cfg["foreign_z"])
+    fmeans, fnames = gathered if gathered is not None else (W.means, P.names)
+    fam = fl.family(fmeans, fnames, W.fitrows, win.start, cfg["foreign_z"])
     # Foreign load held well above its absolute level is flagged in the start-up grace too:
     # the job's own start-up runs inside the job, so such load there is a neighbour that was
     # on the node first, and its windows inside the grace are most of what shows it.
@@ -224,8 +215,12 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
     normal = W.valid & ~near & ~W.supp
     if normal.sum() < 5:
         normal = W.valid & ~flag
-    center, scale = attr.reference(W.means, normal, W.floors, W.rels)
-    fam = fl.family(W.means, P.names, normal, win.start, cfg["foreign_z"])
+    smeans, srows = sample if sample is not None else (W.means, slice(None))
+    center, scale = attr.reference(smeans, normal[srows], W.floors, W.rels)
+    fam = fl.family(fmeans, fnames, normal, win.start, cfg["foreign_z"])
+    if gathered is not None:     # the family's columns, as columns of the whole run
+        idx = {n: i for i, n in enumerate(P.names)}
+        fam.cols = np.array([idx[n] for n in fam.names], np.intp)
     if len(fam.names):
         analysis["foreign"] = {n: {"normal": round(float(c), 4), "bar": round(float(b), 4)}
                                for n, c, b in zip(fam.names, fam.center, fam.bar)}
@@ -267,6 +262,25 @@ def parts(E: EventStage, a: int, b: int, w: int) -> list[tuple[int, int]]:
         elif out and len(f):     # too little of its own: joins the part before
             out[-1] = (out[-1][0], int(f[-1]))
     return out or [(a, b)]
+
+
+def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
+             cfg: dict, meta: dict, events: list[dict], out: Detection) -> None:
+    """Every event judged; anomalies (with the GPU invariants and GPU peer findings) and
+    observations into ``out``.  The last stage of both the batch and the long-run path."""
+    anomalies: list[dict] = []
+    weak = 0
+    for j in judge_all(P, W, M, B, E, cfg, meta, events):
+        if j.kind == "anomaly":
+            anomalies.append(j.item)
+        elif j.kind == "observation":
+            out.observations.append(j.item)
+        else:
+            weak += 1
+    with warnings.catch_warnings():    # GPU invariants and each GPU against its siblings
+        warnings.simplefilter("ignore", RuntimeWarning)
+        anomalies = gpu_findings(P, W, E, cfg, meta, events, anomalies, out)
+    set_anomalies(out, anomalies, weak, cfg)
 
 
 def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
