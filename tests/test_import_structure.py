@@ -71,3 +71,37 @@ def test_no_private_name_is_imported_from_another_module():
                 if name.startswith("_") and not name.startswith("__"):
                     bad.append(f"{rel}: {name}")
     assert bad == []
+
+
+def test_the_agent_reaches_detection_only_through_hooks():
+    """Issue 23, item 5: no module of the agent imports detection (not even inside a
+    function), and the layer contract grants no exception for it."""
+    g = grimp.build_graph("reveal_plugins", cache_dir=None)
+    agent = {m for m in g.modules if m.startswith("reveal_plugins.agent")}
+    into_detect = sorted((a, d) for a in agent for d in g.find_modules_directly_imported_by(a)
+                         if d.startswith("reveal_plugins.detect"))
+    assert into_detect == []
+    with open(os.path.join(ROOT, "pyproject.toml")) as f:
+        assert "ignore_imports" not in f.read()
+
+
+def test_the_agent_uses_a_site_live_analyzer(monkeypatch):
+    """The hooks are the seam: a plugin answering reveal_live_analyzer first is what the
+    agent's live loop gets for a run."""
+    import types
+
+    from reveal_plugins.agent.live_loop import LiveLoop
+    from reveal_plugins.hooks import get_plugin_manager, hookimpl, reset_plugin_manager
+
+    reset_plugin_manager()
+    try:
+        mod = types.ModuleType("site_live")
+        marker = object()
+        mod.reveal_live_analyzer = hookimpl(tryfirst=True)(
+            lambda channels, interval_s, config: marker)
+        get_plugin_manager().register(mod, name="site_live")
+        loop = LiveLoop()
+        loop.interval_s, loop.config = 0.1, {}
+        assert loop._make_live([]) is marker
+    finally:
+        reset_plugin_manager()

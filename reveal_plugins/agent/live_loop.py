@@ -1,7 +1,7 @@
 """The agent's live loop: every few seconds, each live run's new rows go to its
-:class:`~reveal_plugins.detect.live.LiveAnalyzer`; findings become ``live_finding`` events and
+live analyzer (the ``reveal_live_analyzer`` hook); findings become ``live_finding`` events and
 ``reveal_live_finding`` hook calls (OTel span events, peers); a multi-node job's suspect node
-(:mod:`reveal_plugins.detect.live_peers`) becomes a ``peer_suspect`` event."""
+(the ``reveal_live_peers`` hook) becomes a ``peer_suspect`` event."""
 from __future__ import annotations
 
 import logging
@@ -19,16 +19,13 @@ class LiveLoop:
     """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: live detection."""
 
     def _make_live(self, channels: list[ChannelMeta]):
-        try:
-            from ..detect.live import LiveAnalyzer
-        except ImportError as e:
-            log.warning("live mode unavailable: %s", e)
-            return None
-        try:
-            return LiveAnalyzer(channels, self.interval_s, self.config)
-        except Exception as e:
-            log.warning("live mode unavailable: %s: %s", type(e).__name__, e)
-            return None
+        """The run's live analyzer from the ``reveal_live_analyzer`` hook (a plugin's
+        failure is logged by the plugin manager and leaves live mode off for the run)."""
+        live = hook().reveal_live_analyzer(channels=channels, interval_s=self.interval_s,
+                                           config=self.config)
+        if live is None:
+            log.warning("live mode unavailable: no reveal_live_analyzer plugin answered")
+        return live
 
     def _live_loop(self, every_s: float = 2.0, settle_s: float = 0.4) -> None:
         # On the wall-clock grid (every node's agent wakes at the same moments): each node
@@ -61,16 +58,11 @@ class LiveLoop:
 
     def _peer_publish(self, st) -> bool:
         """A run of a multi-node job whose run directories sit side by side (shared spool):
-        publish this node's live horizon for its peers (:mod:`reveal_plugins.detect.
-        live_peers`); True when it then has peers to compare with."""
+        publish this node's live horizon for its peers (the ``reveal_live_peers`` hook);
+        True when it then has peers to compare with."""
         peer = getattr(st, "peer_live", False)
         if peer is False:    # first call for this run: is it part of a job with peers?
-            try:
-                from ..detect.live_peers import for_run
-                peer = for_run(st.run, self.config)
-            except Exception as e:
-                log.warning("live peer comparison unavailable: %s: %s", type(e).__name__, e)
-                peer = None
+            peer = hook().reveal_live_peers(run=st.run, config=self.config)
             st.peer_live = peer
         if peer is None or st.live is None:
             return False

@@ -363,10 +363,7 @@ class RunRegistry:
 
 
 def _features(run_dir: str, channels: list, interval_s: float, config: dict):
-    """Incremental featurization of the run's segments (detect.featurize), when installed."""
-    try:
-        from ..detect.featstore import feature_writer
-        return feature_writer(run_dir, channels, interval_s, config)
-    except Exception as e:  # detection absent or broken: job-end analysis featurizes
-        log.warning("incremental features unavailable: %s: %s", type(e).__name__, e)
-        return None
+    """Incremental featurization of the run's segments (the ``reveal_run_features`` hook);
+    None (detection absent, turned off or failing): the job-end analysis featurizes."""
+    return hook().reveal_run_features(run_dir=run_dir, channels=channels,
+                                      interval_s=interval_s, config=config)

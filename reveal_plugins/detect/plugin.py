@@ -1,4 +1,6 @@
-"""Built-in analysis plugin: the ``reveal_analyze`` entry point and the built-in detectors."""
+"""Built-in analysis plugin: the ``reveal_analyze`` entry point, the built-in detectors, and
+what the agent runs while a run goes on (incremental features, live analysis, live peers): the
+agent reaches detection only through these hooks."""
 from __future__ import annotations
 
 from typing import Any
@@ -28,3 +30,25 @@ def reveal_detectors(config: dict[str, Any]) -> list[Any]:
     from .detectors import builtin_detectors
 
     return builtin_detectors(config)
+
+
+@hookimpl
+def reveal_run_features(run_dir: str, channels: list, interval_s: float | None,
+                        config: dict[str, Any]) -> Any:
+    from .featstore import feature_writer
+
+    return feature_writer(run_dir, channels, interval_s, config)
+
+
+@hookimpl
+def reveal_live_analyzer(channels: list, interval_s: float, config: dict[str, Any]) -> Any:
+    from .live import LiveAnalyzer
+
+    return LiveAnalyzer(channels, interval_s, config)
+
+
+@hookimpl
+def reveal_live_peers(run: Any, config: dict[str, Any]) -> Any:
+    from .live_peers import for_run
+
+    return for_run(run, config)

@@ -4,7 +4,8 @@ Phases, left to right along the data flow:
 
 1. probe registration   -- which probes the agent samples;
 2. run lifecycle        -- a run (job, launch, record) starts/ends, steps start/end;
-3. analysis             -- the analysis entry point, detectors and hint rules;
+3. analysis             -- the analysis entry point, detectors and hint rules, and what the
+                           agent runs while a run goes on (features, live analysis, peers);
 4. sinks                -- a finished report (or a live finding) leaves the process.
 
 Built-in probes, detectors, hint rules and sinks are plugins registered through these same
@@ -94,6 +95,29 @@ def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | Non
     the user's error to see, and a crashed analysis must become a ``failed`` report, not a
     silent "no analysis".
     """
+
+
+@hookspec(firstresult=True)
+def reveal_run_features(run_dir: str, channels: "list[Any]", interval_s: float | None,
+                        config: dict[str, Any]) -> Any:
+    """A callable ``writer(segment_path)`` that featurizes each closed segment of a new run
+    while it goes on (so the job-end analysis of a long run reads features, not samples), with
+    ``close(timeout)`` and ``failed``; None to leave it to the job-end analysis.  The agent
+    calls this; the built-in implementation is :func:`reveal_plugins.detect.featstore.
+    feature_writer`, registered by :mod:`reveal_plugins.detect.plugin`."""
+
+
+@hookspec(firstresult=True)
+def reveal_live_analyzer(channels: "list[Any]", interval_s: float, config: dict[str, Any]
+                         ) -> Any:
+    """A live analyzer for a run in live mode: ``update(t, rows) -> [anomaly]`` on each new
+    block of rows, ``horizon()`` for the peers; None when unavailable."""
+
+
+@hookspec(firstresult=True)
+def reveal_live_peers(run: "RunInfo", config: dict[str, Any]) -> Any:
+    """The live comparison of a multi-node job's run with its peers (``publish(...)``,
+    ``check() -> [suspect]``), or None when the run has no peers or live peers are off."""
 
 
 #: Hooks whose implementations' exceptions reach the caller; every other hook isolates them.
