@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str, str, str]] = {
     "import": ("reveal_plugins.importers.cli:main", "reveal_plugins.importers.cli:build_parser",
                "reveal-tsv FILE... -o DIR", "Reveal's public telemetry (TSV) -> run "
                "directories"),
+    "config": ("reveal_plugins.commands.config:main",
+               "reveal_plugins.commands.config:build_parser", "show [--table NAME] [-f text|json]",
+               "the settings in force ([agent], [detect], [slurm], [otel]...) and their "
+               "sources"),
     "completion": ("reveal_plugins.completion:main", "reveal_plugins.completion:build_parser",
                    "bash", "print a shell completion script"),
 }

@@ -30,8 +30,13 @@ def test_the_configuration_reference_is_the_one_the_code_generates():
     assert r.returncode == 0, r.stderr
     doc = open(os.path.join(ROOT, "docs", "config.md")).read()
     from reveal_plugins.otel.config import FILE_KEYS
+    from reveal_plugins.agent.settings import AgentConfig
+    from reveal_plugins.detect.config import DetectConfig, LiveConfig, PeersConfig
     from reveal_plugins.slurm.config import SlurmConfig
     import dataclasses
-    for key in [f.name for f in dataclasses.fields(SlurmConfig) if f.name != "path"] + \
-            sorted(FILE_KEYS):
+    keys = [k for m in (AgentConfig, DetectConfig, LiveConfig, PeersConfig)
+            for k, f in m.model_fields.items() if not f.exclude and k not in ("live", "peers")]
+    keys += [f.name for f in dataclasses.fields(SlurmConfig)
+             if f.name not in SlurmConfig.NOT_KEYS]
+    for key in keys + sorted(FILE_KEYS):
         assert f"| `{key}` |" in doc, key

@@ -48,8 +48,8 @@ def run_hook(hook, tmp_path, config_text=None, env_extra=None, timeout=10):
 def test_config_errors_name_file_key_and_value(tmp_path):
     p = tmp_path / "c.toml"
     p.write_text('spool = "/s"\nprolog_budget_s = "fast"\n')
-    with pytest.raises(ConfigError, match=r"c.toml: key 'prolog_budget_s': expected float, "
-                                          r"got 'fast'"):
+    with pytest.raises(ConfigError, match=r"c.toml: \[slurm\] key 'prolog_budget_s' = 'fast': "
+                                          r"expected float"):
         load_config(str(p))
     p.write_text("spool_dir = '/x'\n")
     with pytest.raises(ConfigError, match=r"unknown key 'spool_dir'"):
@@ -58,10 +58,10 @@ def test_config_errors_name_file_key_and_value(tmp_path):
     with pytest.raises(ConfigError, match=r"c.toml: invalid TOML: .*line"):
         load_config(str(p))
     p.write_text("default_mode = 'loud'\n")
-    with pytest.raises(ConfigError, match=r"'loud' is not one of off, on, live"):
+    with pytest.raises(ConfigError, match=r"'default_mode' = 'loud': is not one of off, on, live"):
         load_config(str(p))
     p.write_text("epilog_budget_s = 0\n")
-    with pytest.raises(ConfigError, match=r"out of range"):
+    with pytest.raises(ConfigError, match=r"'epilog_budget_s' = 0: out of range"):
         load_config(str(p))
     with pytest.raises(ConfigError, match="not found"):
         load_config(str(tmp_path / "missing.toml"))

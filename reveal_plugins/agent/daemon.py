@@ -200,8 +200,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .. import site_config
     from ..spool import spool_root
+    from .settings import ENV_OF, OPTION_OF, AgentConfig
     ap = build_parser()
+    try:     # [agent] of the site configuration: below the options, above the defaults
+        table, _ = site_config.table("agent", AgentConfig)
+    except site_config.SiteConfigError as e:
+        ap.error(str(e))
+    given = table.model_dump(exclude_unset=True)
+    ap.set_defaults(**{OPTION_OF[k]: v for k, v in given.items()
+                       if k in OPTION_OF and not os.environ.get(ENV_OF.get(k, "-"))})
     args = ap.parse_args(argv)
     fmt = "%(asctime)s reveal-agent[%(process)d] %(levelname)s %(message)s"
     if args.log_file:
@@ -213,8 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=args.log_level.upper(), format=fmt)
     if not (0 <= args.retention_days < 1e5):
         ap.error(f"--retention-days {args.retention_days}: must be between 0 and 100000")
-    config: dict[str, Any] = {"retention_days": args.retention_days}
-    if args.socket_group is not None:
+    config: dict[str, Any] = {"retention_days": args.retention_days,
+                              "features": table.features}
+    if args.socket_group:
         import grp
         try:
             config["socket_gid"] = grp.getgrnam(args.socket_group).gr_gid

@@ -6,7 +6,8 @@ import argparse
 import json
 import sys
 
-from ..cli_options import EXIT_OK, EXIT_PROBLEM, add_format, add_out
+from ..cli_options import EXIT_OK, EXIT_PROBLEM, EXIT_USAGE, add_format, add_out
+from ..site_config import SiteConfigError
 
 
 def _positive(s: str) -> float:
@@ -88,6 +89,9 @@ def analyze_main(argv: list[str]) -> int:
         else:  # pragma: no cover - the lead's module is part of the package
             from ..detect import analyze
             report = analyze(args.run_dir, cfg, args.baseline)
+    except SiteConfigError as e:     # the site's reveal.toml: what the operator must fix
+        print(f"reveal analyze: {e}", file=sys.stderr)
+        return EXIT_USAGE
     except (StoreError, BaselineError, ValueError, RunDirError) as e:
         print(f"reveal analyze: {e}", file=sys.stderr)
         return EXIT_PROBLEM

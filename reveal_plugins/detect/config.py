@@ -12,6 +12,67 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
+class LivePeersConfig(BaseModel):
+    """``[detect.live.peers]``: live comparison of a multi-node job's nodes."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(True, description="compare a multi-node job's nodes while it runs")
+    max_peers: int = Field(16, ge=1, le=4096, description="peers compared with (the nearest "
+                           "in host order)")
+    stale_s: float = Field(10.0, gt=0, description="a peer's file older than this is left out")
+    gap_s: float = Field(10.0, ge=0, description="the same node and subsystem are named again "
+                         "only after this")
+    horizon_s: float = Field(120.0, gt=0, description="what is published (and compared)")
+
+
+class LiveConfig(BaseModel):
+    """``[detect.live]``: the agent's live detection while a run goes on."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    horizon_s: float = Field(120.0, gt=0, description="history kept (the reference comes "
+                             "from it)")
+    window_s: float = Field(3.0, gt=0, le=3600, description="window length")
+    stride_s: float = Field(1.0, gt=0, le=3600, description="window stride")
+    skip_s: float = Field(15.0, ge=0, description="start-up of the run (imports, data "
+                          "loading) is not a reference")
+    ref_gap_s: float = Field(6.0, ge=0, description="the newest seconds are never part of "
+                             "the reference")
+    min_reference: int = Field(15, ge=1, description="reference windows needed before "
+                               "anything is flagged")
+    threshold: float = Field(7.0, gt=0, description="top-2 mean |deviation| of a window")
+    min_deviation: float = Field(4.0, gt=0, description="a symptom channel must move this far "
+                                 "(harmful direction)")
+    min_windows: int = Field(2, ge=1, description="consecutive flagged windows for a finding")
+    gap_s: float = Field(10.0, ge=0, description="normal time that ends a finding")
+    peers: LivePeersConfig = Field(default_factory=LivePeersConfig)
+
+
+class PeersConfig(BaseModel):
+    """``[detect.peers]``: a multi-node job's nodes compared with each other at job end."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    window_s: float = Field(3.0, gt=0, le=3600, description="window length")
+    stride_s: float = Field(1.0, gt=0, le=3600, description="window stride")
+    threshold: float = Field(4.0, ge=0, description="robust z of a symptom against the peers")
+    min_z: float = Field(3.0, ge=0, description="smallest z a channel needs to count at all")
+    own_fraction: float = Field(0.5, ge=0, description="the node's own change must explain "
+                                "this share of the residual")
+    min_fraction: float = Field(1.0, ge=0, description="x the symptoms' practical minimum")
+    min_windows: int = Field(5, ge=1, description="flagged windows a suspect needs")
+    gap_s: float = Field(3.0, ge=0, description="flagged windows closer than this merge")
+    symptom_windows: int = Field(5, ge=1, description="windows needed when no cause on the "
+                                 "node itself is in evidence")
+    warmup_s: float = Field(10.0, ge=0, description="start of the run not compared")
+    cooldown_s: float = Field(3.0, ge=0, description="end of the run not compared")
+    max_share: float = Field(0.34, ge=0, description="more nodes than this flagged at once: "
+                             "not one node's problem")
+    min_slowdown_pct: float = Field(10.0, ge=0, description="symptoms alone, with iteration "
+                                    "markers: the job must have slowed this much")
+
+
 class DetectConfig(BaseModel):
     """Settings of the batch pipeline (defaults in brackets are the documented ones)."""
 
@@ -31,8 +92,11 @@ class DetectConfig(BaseModel):
     cooldown_s: float = Field(3.0, ge=0, description="end of every run/step not flagged")
     min_deviation: float = Field(4.0, gt=0, description="an event needs a channel this far "
                                  "out (floored robust units)")
-    baseline_threshold: float = Field(6.0, gt=0)
-    max_anomalies: int = Field(50, ge=1)
+    baseline_threshold: float = Field(6.0, gt=0, description="a window this far (mean of its "
+                                      "two largest robust z) from a cross-run baseline is "
+                                      "flagged")
+    max_anomalies: int = Field(50, ge=1, description="anomalies kept in a report (highest "
+                               "scores first)")
     core_quantile: float = Field(0.6, gt=0, le=1, description="detectors are fitted on this "
                                  "central share of the windows")
     require_symptom: bool = Field(True, description="an event needs an evidence family "
@@ -49,7 +113,8 @@ class DetectConfig(BaseModel):
                        "(reveal analyze --full)")
     detectors: dict[str, dict[str, Any]] = Field(default_factory=dict, description=
                                                  "per-detector keyword arguments")
-    live: dict[str, Any] | None = Field(None, description="live-mode settings (detect.live)")
+    live: LiveConfig = Field(default_factory=LiveConfig, description="[detect.live]")
+    peers: PeersConfig = Field(default_factory=PeersConfig, description="[detect.peers]")
 
     @model_validator(mode="before")
     @classmethod
@@ -92,3 +157,25 @@ def detect_config(config: dict[str, Any] | DetectConfig | None,
             raise ValueError(f"detection setting {key!r}: unknown (valid: {valid})") from None
         raise ValueError(f"detection setting {key}={err.get('input')!r}: "
                          f"{err.get('msg')}") from None
+
+
+def site_detect(environ: Any = None) -> tuple[DetectConfig, str | None]:
+    """The ``[detect]`` table of the site configuration (:mod:`reveal_plugins.site_config`)
+    and the file it came from; a bad or unknown key is a ValueError naming file, table, key
+    and value."""
+    from .. import site_config
+    return site_config.table("detect", DetectConfig, environ=environ)
+
+
+def with_site_defaults(config: dict[str, Any], environ: Any = None) -> dict[str, Any]:
+    """``config`` over the keys the site's ``[detect]`` table sets (sub-tables merged key by
+    key): the caller's settings win, the file's win over the defaults."""
+    site, _ = site_detect(environ)
+    return _merge(site.model_dump(exclude_unset=True), config)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

@@ -194,6 +194,9 @@ def job_report(items: Sequence[tuple[dict, str | None]], job_id: str | None,
     run directories (a node given only as a report.json is shown but not compared)."""
     reports = [r for r, _ in items]
     dirs = [(d, r) for r, d in items if d]
+    if config is None and len(dirs) >= 2:     # the site's [detect.peers], else the defaults
+        from .config import site_detect
+        config = site_detect()[0].peers
     doc: dict[str, Any] = {"schema": SCHEMA, "job_id": job_id, "reports": reports}
     if len(dirs) >= 2:
         doc["peers"] = peer_section([d for d, _ in dirs], [r for _, r in dirs], config)

@@ -19,24 +19,15 @@ import numpy as np
 from ..types import ChannelMeta
 from . import attribution as attr
 from . import foreign as fl
+from .config import LiveConfig
 from .features import channel_floors, rel_floors, robust_center_scale
 from .prepare import PER_CORE, add_derived, to_rates
 from .windows import sliding_windows
 
 log = logging.getLogger(__name__)
 
-LIVE_DEFAULTS: dict[str, Any] = {
-    "horizon_s": 120.0,       # history kept (the reference comes from it)
-    "window_s": 3.0,
-    "stride_s": 1.0,
-    "skip_s": 15.0,           # start-up of the run (imports, data loading) is not a reference
-    "ref_gap_s": 6.0,         # the newest seconds are never part of the reference
-    "min_reference": 15,      # reference windows needed before anything is flagged
-    "threshold": 7.0,         # top-2 mean |deviation| of a window
-    "min_deviation": 4.0,     # a symptom channel must move this far (harmful direction)
-    "min_windows": 2,         # consecutive flagged windows for a finding
-    "gap_s": 10.0,            # normal time that ends a finding
-}
+#: The documented defaults (:class:`.config.LiveConfig`, ``[detect.live]``).
+LIVE_DEFAULTS: dict[str, Any] = LiveConfig().model_dump(exclude={"peers"})
 
 
 class LiveAnalyzer:
@@ -44,10 +35,12 @@ class LiveAnalyzer:
 
     def __init__(self, channels: Sequence[ChannelMeta], interval_s: float,
                  config: dict | None = None):
-        cfg = dict(LIVE_DEFAULTS)
         live_cfg = (config or {}).get("live") if isinstance(config, dict) else None
-        if isinstance(live_cfg, dict):
-            cfg.update({k: float(v) for k, v in live_cfg.items() if k in LIVE_DEFAULTS})
+        if isinstance(live_cfg, LiveConfig):
+            settings = live_cfg
+        else:   # a bad or unknown key is an error naming it (the agent then logs it)
+            settings = LiveConfig.model_validate(live_cfg or {})
+        cfg = {k: float(v) for k, v in settings.model_dump(exclude={"peers"}).items()}
         self.cfg = cfg
         self.metas = list(channels)
         self.interval_s = float(interval_s) if interval_s and interval_s > 0 else 1.0

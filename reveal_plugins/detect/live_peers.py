@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..store import store
+from .config import LivePeersConfig
 from .peers import NodeSeries, compare
 
 log = logging.getLogger(__name__)
@@ -38,12 +39,8 @@ FILE = "live-peers.npz"
 #: queue) is named after 2 windows; symptoms alone, bursty by nature, after 5 as at job end; the
 #: start-up left out as at job end (10 s).
 LIVE_COMPARE = {"cooldown_s": 0.0, "warmup_s": 10.0, "min_windows": 2, "symptom_windows": 5}
-LIVE_PEER_DEFAULTS: dict[str, Any] = {
-    "max_peers": 16,      # peers compared with (the nearest in host order)
-    "stale_s": 10.0,      # a peer's file older than this is left out
-    "gap_s": 10.0,        # the same node and subsystem are named again only after this
-    "horizon_s": 120.0,   # what is published (and compared)
-}
+#: The documented defaults (:class:`.config.LivePeersConfig`, ``[detect.live.peers]``).
+LIVE_PEER_DEFAULTS: dict[str, Any] = LivePeersConfig().model_dump(exclude={"enabled"})
 
 
 def block_means(t: np.ndarray, X: np.ndarray, block_s: float = 1.0
@@ -118,9 +115,9 @@ class PeerLive:
 
     def __init__(self, run_dir: str, node: str, key: str, start: float,
                  config: dict | None = None):
-        cfg = dict(LIVE_PEER_DEFAULTS)
-        cfg.update({k: float(v) for k, v in (config or {}).items() if k in cfg})
-        self.cfg = cfg
+        settings = LivePeersConfig.model_validate(
+            {k: v for k, v in (config or {}).items() if k != "enabled"})
+        self.cfg = {k: float(v) for k, v in settings.model_dump(exclude={"enabled"}).items()}
         self.run_dir, self.node, self.key, self.start = run_dir, node, key, float(start)
         self._reported: dict[tuple[str, str], float] = {}
         self.checks = 0

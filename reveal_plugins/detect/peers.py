@@ -43,23 +43,13 @@ import numpy as np
 from . import attribution as attr
 from .events import group, span
 from .features import channel_floors, nanmedian_cols, rel_floors
+from .config import PeersConfig
 from .foreign import MINIMUM as FOREIGN_MINIMUM
 from .prepare import PER_CORE
 from .windows import sliding_windows
 
-#: Documented settings (``config["peers"]``).
-DEFAULTS: dict[str, Any] = {
-    "window_s": 3.0, "stride_s": 1.0,
-    "threshold": 4.0,        # robust z of a symptom against the peers (as min_deviation)
-    "min_z": 3.0,            # smallest z a channel needs to count at all
-    "own_fraction": 0.5,     # the node's own change must explain this share of the residual
-    "min_fraction": 1.0,     # x the symptoms' practical minimum (attribution.SYMPTOMS)
-    "min_windows": 5, "gap_s": 3.0,   # 5 windows of 3 s, stride 1: >= 3 s of deviation
-    "symptom_windows": 5,    # the same, when no cause on the node itself is in evidence
-    "warmup_s": 10.0, "cooldown_s": 3.0,
-    "max_share": 0.34,       # more nodes than this flagged at once: not one node's problem
-    "min_slowdown_pct": 10,  # symptoms alone, with iteration markers: the job must have slowed
-}
+#: Documented settings (``config["peers"]``, ``[detect.peers]``: :class:`.config.PeersConfig`).
+DEFAULTS: dict[str, Any] = PeersConfig().model_dump()
 
 #: The job's own CPU share: lower on a node held back, but the consequence, never the cause.
 _JOB_SHARE = re.compile(r"^cpu\.run\.")
@@ -100,15 +90,21 @@ class PeerResult:
                 "notes": self.notes, "analysis": self.analysis}
 
 
-def settings(config: dict | None) -> dict:
-    """Defaults overlaid with ``config`` (unknown keys are an error naming them)."""
-    cfg = dict(DEFAULTS)
-    for k, v in (config or {}).items():
-        if k not in DEFAULTS:
-            raise ValueError(f"peers: unknown setting {k!r} (known: {', '.join(DEFAULTS)})")
-        if not isinstance(v, (int, float)) or isinstance(v, bool) or not v >= 0:
-            raise ValueError(f"peers: {k} = {v!r}: expected a number >= 0")
-        cfg[k] = float(v)
+def settings(config: "dict | PeersConfig | None") -> dict:
+    """Defaults overlaid with ``config`` (an unknown key or a bad value is an error naming
+    it)."""
+    from pydantic import ValidationError
+    if not isinstance(config, PeersConfig):
+        try:
+            config = PeersConfig.model_validate(config or {})
+        except ValidationError as e:
+            err = e.errors()[0]
+            key = ".".join(str(x) for x in err.get("loc", ()))
+            if err.get("type") == "extra_forbidden":
+                raise ValueError(f"peers: unknown setting {key!r} (known: "
+                                 f"{', '.join(DEFAULTS)})") from None
+            raise ValueError(f"peers: {key} = {err.get('input')!r}: {err.get('msg')}") from None
+    cfg = {k: float(v) for k, v in config.model_dump().items()}
     cfg["min_windows"] = int(cfg["min_windows"])
     cfg["symptom_windows"] = int(cfg["symptom_windows"])
     return cfg

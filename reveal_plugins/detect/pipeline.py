@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 #: Documented defaults (the fields of :class:`reveal_plugins.detect.config.DetectConfig`).
 DEFAULTS: dict[str, Any] = {k: f.default for k, f in DetectConfig.model_fields.items()
-                            if k not in ("detectors", "live")}
+                            if k not in ("detectors", "live", "peers")}
 
 
 def _config(config: dict | None) -> dict:

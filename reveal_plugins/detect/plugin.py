@@ -13,6 +13,7 @@ def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | Non
     """Analyse ``run_dir``; ``config["baseline"]`` (path or dict) enables baseline comparison,
     other keys are detection settings (see ``config.DetectConfig``)."""
     from . import analyze
+    from .config import with_site_defaults
 
     cfg = dict(config or {})
     baseline = cfg.pop("baseline", None)
@@ -22,7 +23,7 @@ def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | Non
         from .config import DetectConfig
         det_cfg = {k: v for k, v in cfg.items()
                    if k in DetectConfig.model_fields or k in ("robust_z", "pca", "iforest")}
-    return analyze(run_dir, det_cfg, baseline)
+    return analyze(run_dir, with_site_defaults(det_cfg), baseline)
 
 
 @hookimpl
@@ -42,13 +43,23 @@ def reveal_run_features(run_dir: str, channels: list, interval_s: float | None,
 
 @hookimpl
 def reveal_live_analyzer(channels: list, interval_s: float, config: dict[str, Any]) -> Any:
+    from .config import with_site_defaults
     from .live import LiveAnalyzer
 
-    return LiveAnalyzer(channels, interval_s, config)
+    live = with_site_defaults({"live": dict((config or {}).get("live") or {})})["live"]
+    return LiveAnalyzer(channels, interval_s, {"live": {k: v for k, v in live.items()
+                                                        if k != "peers"}})
 
 
 @hookimpl
 def reveal_live_peers(run: Any, config: dict[str, Any]) -> Any:
+    from .config import site_detect
     from .live_peers import for_run
 
-    return for_run(run, config)
+    cfg = dict(config or {})
+    peers = site_detect()[0].live.peers
+    if not peers.enabled:
+        return None
+    if "live_peers" not in cfg:
+        cfg["live_peers"] = peers.model_dump(exclude={"enabled"})
+    return for_run(run, cfg)

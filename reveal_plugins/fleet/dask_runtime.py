@@ -65,11 +65,10 @@ def _config_tls(path: str | None = None) -> tuple[dict[str, str], str | None]:
     """The ``[fleet]`` table of ``$REVEAL_CONFIG`` / ``/etc/reveal/reveal.toml`` (only TLS
     keys so far) and the file it came from; root reads it only if it passes the trust rule."""
     from .. import site_config
-    path = path or os.environ.get("REVEAL_CONFIG") or (
-        "/etc/reveal/reveal.toml" if os.path.isfile("/etc/reveal/reveal.toml") else None)
-    if not path:
-        return {}, None
     try:
+        path = path or site_config.path_in_force()
+        if not path:
+            return {}, None
         sec = site_config.read(path).get("fleet", {})
     except site_config.SiteConfigError as e:
         raise FleetRuntimeError(str(e)) from None

@@ -24,7 +24,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-DEFAULT_CONFIG_FILE = "/etc/reveal/reveal.toml"
+from ..site_config import DEFAULT_PATH as DEFAULT_CONFIG_FILE  # noqa: F401  (re-exported)
+
 PROTOCOLS = ("http/protobuf", "grpc")
 COMPRESSIONS = ("none", "gzip")
 DEFAULT_HTTP_PORT = 4318
@@ -253,13 +254,11 @@ FILE_KEYS = {
 
 def config_file_path(environ: Mapping[str, str] | None = None) -> str | None:
     """``$REVEAL_CONFIG`` (must exist), else ``/etc/reveal/reveal.toml`` when present, else None."""
-    env = os.environ if environ is None else environ
-    p = env.get("REVEAL_CONFIG")
-    if p:
-        if not os.path.isfile(p):
-            raise OtelConfigError(f"REVEAL_CONFIG={p!r}: no such file")
-        return p
-    return DEFAULT_CONFIG_FILE if os.path.isfile(DEFAULT_CONFIG_FILE) else None
+    from .. import site_config
+    try:
+        return site_config.path_in_force(environ)
+    except site_config.SiteConfigError as e:
+        raise OtelConfigError(str(e)) from None
 
 
 def read_file_section(path: str) -> dict[str, Any]:

@@ -169,24 +169,26 @@ def check_flags(conf: dict[str, str]) -> list[Check]:
 
 def check_hook_config() -> list[Check]:
     from .config import ConfigError, load_config
-    src = os.environ.get("REVEAL_SLURM_CONFIG") or "/etc/reveal/slurm.toml"
     try:
         cfg = load_config()
     except ConfigError as e:
         return [Check("hook configuration", "FAIL", str(e))]
+    src = cfg.path or "defaults (no [slurm] table)"
+    if cfg.deprecation:
+        return [Check("hook configuration", "warn", f"{src}: {cfg.deprecation}")]
     if not cfg.enabled:
         return [Check("hook configuration", "warn", f"{src}: enabled = false (hooks do "
                       "nothing)")]
-    return [Check("hook configuration", "ok", src if os.path.exists(src) else
-                  f"{src} absent: defaults")]
+    return [Check("hook configuration", "ok", src)]
 
 
 def check_site_config() -> list[Check]:
     from .. import site_config
-    path = os.environ.get("REVEAL_CONFIG") or "/etc/reveal/reveal.toml"
-    if not os.path.exists(path):
-        return [Check("site configuration", "ok", f"{path} absent: defaults")]
     try:
+        path = site_config.path_in_force()
+        if path is None:
+            return [Check("site configuration", "ok",
+                          f"{site_config.DEFAULT_PATH} absent: defaults")]
         site_config.read(path)
     except site_config.SiteConfigError as e:
         return [Check("site configuration", "FAIL", str(e))]
