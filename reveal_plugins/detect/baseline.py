@@ -59,7 +59,7 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
     from .prepare import load_prepared
     from .windows import windows_pieces as sliding_windows
 
-    cfg = detect_config(config, ignore=FOREIGN_KEYS).as_dict()
+    cfg = detect_config(config, ignore=FOREIGN_KEYS)
     if not run_dirs:
         raise BaselineError("no run directory given")
     per_run: list[dict[str, np.ndarray]] = []
@@ -72,11 +72,11 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
         if len(P.t) < 2:
             raise BaselineError(f"{d}: run holds {len(P.t)} sample(s); a baseline needs "
                                 "healthy runs with telemetry")
-        win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+        win = sliding_windows(P.t, P.X, cfg.window_s, cfg.stride_s, P.interval_s,
                               stats=("mean",))
         starts, ends = boundaries(meta, events, float(P.t[0]), float(P.t[-1]))
-        rows = win.valid & ~suppressed(win.start, win.end, starts, ends, cfg["warmup_s"],
-                                        cfg["cooldown_s"])
+        rows = win.valid & ~suppressed(win.start, win.end, starts, ends, cfg.warmup_s,
+                                        cfg.cooldown_s)
         if rows.sum() < 5:
             raise BaselineError(f"{d}: only {int(rows.sum())} usable window(s) "
                                 f"({P.t[-1] - P.t[0]:.0f} s of samples); use longer runs")
@@ -103,7 +103,7 @@ def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                       "p05": float(np.quantile(allv, 0.05)),
                       "p95": float(np.quantile(allv, 0.95))})
     return {"schema": SCHEMA, "name": name, "created": time.time(), "runs": runs,
-            "window_s": cfg["window_s"], "stride_s": cfg["stride_s"],
+            "window_s": cfg.window_s, "stride_s": cfg.stride_s,
             "windows": int(sum(r["windows"] for r in runs)), "channels": chans}
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .config import DetectConfig
+
 
 def boundaries(meta: dict, events: list[dict], t_first: float, t_last: float
                ) -> tuple[list[float], list[float]]:
@@ -33,27 +35,28 @@ def suppressed(ws: np.ndarray, we: np.ndarray, starts: list[float], ends: list[f
     return s
 
 
-def at_edge(s0: float, s1: float, starts: list[float], ends: list[float], cfg: dict) -> bool:
+def at_edge(s0: float, s1: float, starts: list[float], ends: list[float],
+            cfg: DetectConfig) -> bool:
     """An event that begins right where the start-up grace ends (the start-up simply took
     longer), or a short one that ends where the teardown grace begins."""
-    slack = cfg["window_s"] + cfg["stride_s"]
+    slack = cfg.window_s + cfg.stride_s
     for a in starts:
-        if a <= s0 <= a + cfg["warmup_s"] + slack:
+        if a <= s0 <= a + cfg.warmup_s + slack:
             return True
     for b in ends:
-        if b - cfg["cooldown_s"] - slack <= s1 <= b and s1 - s0 <= 15.0:
+        if b - cfg.cooldown_s - slack <= s1 <= b and s1 - s0 <= 15.0:
             return True
     return False
 
 
-def steady_before(events: list[dict], s0: float, cfg: dict) -> bool:
+def steady_before(events: list[dict], s0: float, cfg: DetectConfig) -> bool:
     """Iteration markers show training already running steadily before ``s0``: then an event
     that begins near the start-up boundary and slows the iterations is not start-up."""
     its = [float(e["t"]) for e in events if e.get("event") == "iteration" and "t" in e]
     if len(its) < 5:
         return False
     first = min(its)
-    return sum(1 for t in its if first < t < s0) >= 3 and first + cfg["window_s"] < s0
+    return sum(1 for t in its if first < t < s0) >= 3 and first + cfg.window_s < s0
 
 
 def step_of(meta: dict, events: list[dict], t0: float) -> str | None:

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import attribution as attr
+from .config import DetectConfig
 
 GPU_RE = re.compile(r"^gpu\.(\d+)\.(.+)$")
 
@@ -472,7 +473,7 @@ def _overlap(a: dict, s0: float, s1: float) -> float:
     return max(0.0, o) / max(min(float(a["end"]) - float(a["start"]), s1 - s0), 1e-9)
 
 
-def findings(P, W, E, cfg: dict, meta: dict, events: list[dict], anomalies: list[dict],
+def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomalies: list[dict],
              out) -> list[dict]:
     """The detector's ``anomalies`` with the GPU invariants and the GPU peer findings added
     (or merged into them), and the anomalies of a phase every GPU shared moved to
@@ -545,8 +546,8 @@ def findings(P, W, E, cfg: dict, meta: dict, events: list[dict], anomalies: list
     # peers
     result: dict = {}
     sus = peer_findings(t, P.X, names, units, W.starts, W.ends, events, ids, result,
-                        {"warmup_s": cfg.get("warmup_s", 10.0),
-                         "cooldown_s": cfg.get("cooldown_s", 3.0)})
+                        {"warmup_s": cfg.warmup_s,
+                         "cooldown_s": cfg.cooldown_s})
     for sp in sus:
         g = sp["gpu"]
         ident = _identity(ids, g)
@@ -595,7 +596,7 @@ _PHASE = re.compile(r"^(util_sm|util_mem|power|power_pct_of_limit|pcie_(tx|rx)|n
                     r"sm_clock_pct_of_max|clock_sm)$")
 
 
-def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: dict,
+def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: DetectConfig,
                     gpus: list[int], ids: dict[int, dict], out, result: dict) -> list[dict]:
     """The detector's anomalies whose symptoms are GPU signals only, judged against the GPU
     findings.  What is left once the GPUs named on their own (a GPU finding at the same time)
@@ -621,7 +622,7 @@ def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: 
             obs = np.nanmean(np.asarray(W.means[rows], np.float64), axis=0)
         dev = attr.deviations(obs, center, scale)
         dev[W.per_core] = 0.0
-        hits = attr.symptom_hits(dev, obs, center, E.symptoms, cfg["min_deviation"])
+        hits = attr.symptom_hits(dev, obs, center, E.symptoms, cfg.min_deviation)
         hit_names = [P.names[j] for j in np.nonzero(hits)[0]]
         if not hit_names or any(not GPU_RE.match(n) for n in hit_names):
             kept.append(a)       # a CPU/memory/network symptom too: the detector's finding

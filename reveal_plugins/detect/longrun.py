@@ -38,6 +38,7 @@ from .featurize import Chunk, full_columns, informative_from, prepared_names
 from .features import feature_matrix
 from .detection import Detection
 from .windows import STATS, Windows
+from .config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +102,8 @@ class _LazyMeans:
         return out
 
 
-def analyze_long(run_dir: str, meta: dict, metas: Sequence, cfg: dict, baseline: dict | None,
-                 events: list[dict], full: bool, notes: list[str]):
+def analyze_long(run_dir: str, meta: dict, metas: Sequence, cfg: DetectConfig,
+                 baseline: dict | None, events: list[dict], full: bool, notes: list[str]):
     """The streaming analysis; returns ``(Detection, segments, bytes, samples)``."""
     out = Detection()
     iv = meta.get("interval_s")
@@ -122,7 +123,7 @@ def _analyze_store(run_dir, meta, metas, cfg, baseline, events, full, notes, out
                    units):
     fs = _store(run_dir, names, cfg, full, notes)
     try:
-        tail, nseg, nbytes = fs.update(run_dir, metas, iv, cfg["window_s"], cfg["stride_s"],
+        tail, nseg, nbytes = fs.update(run_dir, metas, iv, cfg.window_s, cfg.stride_s,
                                        final=True, warnings=notes)
         paths = _segments(run_dir)
         seqs = [segment_seq(p) for p in paths]
@@ -146,7 +147,7 @@ def _segments(run_dir: str) -> list[str]:
     return store.segment_paths(run_dir)
 
 
-def _store(run_dir: str, names: list[str], cfg: dict, full: bool, notes: list[str]
+def _store(run_dir: str, names: list[str], cfg: DetectConfig, full: bool, notes: list[str]
            ) -> FeatureStore:
     """The run's feature store when its features fit this analysis (same windows, same
     channels) and we may write there; a private temporary one otherwise."""
@@ -168,8 +169,8 @@ def _store(run_dir: str, names: list[str], cfg: dict, full: bool, notes: list[st
         from .featstore import read_info, read_names
         try:
             st = read_info(files[0][2])["state"]
-            same = (abs(st["window_s"] - cfg["window_s"]) < 1e-9 and abs(
-                st["stride_s"] - cfg["stride_s"]) < 1e-9 and read_names(files[0][2]) == names)
+            same = (abs(st["window_s"] - cfg.window_s) < 1e-9 and abs(
+                st["stride_s"] - cfg.stride_s) < 1e-9 and read_names(files[0][2]) == names)
         except Exception as e:
             notes.append(f"{files[0][2]}: unreadable feature file ({type(e).__name__}); "
                          "features recomputed from the segments")
@@ -193,10 +194,10 @@ def _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv, fu
     sizes.append(len(tail) if tail is not None else 0)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
     m = int(offsets[-1])
-    out.analysis = {"window_s": cfg["window_s"], "stride_s": cfg["stride_s"],
-                    "threshold": cfg["threshold"], "channels_in": len(meta.get("channels", [])),
+    out.analysis = {"window_s": cfg.window_s, "stride_s": cfg.stride_s,
+                    "threshold": cfg.threshold, "channels_in": len(meta.get("channels", [])),
                     "streamed": True, "full": bool(full), "feature_files": len(files)}
-    step = max(1, int(np.ceil(m / cfg["fit_windows"])))
+    step = max(1, int(np.ceil(m / cfg.fit_windows)))
     start = np.empty(m)
     valid = np.zeros(m, bool)
     gathered = np.empty((m, len(keepcols)), np.float32)
@@ -229,14 +230,14 @@ def _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv, fu
     if samples < 2:
         notes.append(f"only {samples} sample(s): nothing to analyse")
         return out, samples
-    ws = cfg["window_s"]
+    ws = cfg.window_s
     out.analysis["windows"] = m
     out.analysis["fit_windows"] = len(sample_rows)
     if stages.too_short(m, float(t_min), float(t_max), cfg, notes):
         return out, samples
     keep, reasons = informative_from(acc)
     out.analysis["channels_dropped"] = {r: int(v.sum()) for r, v in reasons.items()}
-    win = Windows(start, start + ws, np.zeros(m, int), valid, {}, ws, cfg["stride_s"])
+    win = Windows(start, start + ws, np.zeros(m, int), valid, {}, ws, cfg.stride_s)
     W = stages.windows_judged(win, _LazyMeans(files, offsets, tail, c), names, units, keep,
                               meta, events, float(t_min), float(t_max), cfg, notes)
     if W is None:
@@ -277,7 +278,7 @@ def _analyze(files, tail, names, units, meta, events, cfg, baseline, out, iv, fu
     # -- events and judgement: the batch stages, on the gathered columns and the sample ------
     gnames = [names[j] for j in keepcols]
     P = _Names(names, units, win.mid, _Cols({j: gathered[:, q] for q, j in enumerate(keepcols)},
-                                            m), cfg["stride_s"])
+                                            m), cfg.stride_s)
     E = stages.event_stage(P, W, M, B, cfg, out.analysis, gathered=(gathered, gnames),
                            sample=(S["mean"], sample_rows))
     stages.conclude(P, W, M, B, E, cfg, meta, events, out)

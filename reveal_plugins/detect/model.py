@@ -18,6 +18,7 @@ from .detectors import builtin_detectors, fuse, norm_params
 from .features import feature_floors, fit_scaler
 from .prune import prune
 from .windows import STATS
+from .config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -29,20 +30,22 @@ NOTHING_VARIES = ("every channel is constant, empty or all-zero: nothing varies,
                   "nothing to detect within the run")
 
 
-def detectors(cfg: dict) -> list:
-    """The detectors of every ``reveal_detectors`` plugin (the built-ins when none answers)."""
+def detectors(cfg: DetectConfig) -> list:
+    """The detectors of every ``reveal_detectors`` plugin (the built-ins when none answers);
+    plugins receive the settings as a plain dict (the hook's public contract)."""
     try:
         from ..hooks.manager import hook
 
-        dets = [d for lst in hook().reveal_detectors(config=cfg) for d in (lst or [])]
+        dets = [d for lst in hook().reveal_detectors(config=cfg.as_dict())
+                for d in (lst or [])]
     except Exception as e:  # plugin manager unusable: keep the built-ins
         log.warning("detector plugins unavailable (%s); using built-ins", e)
         dets = []
-    return dets or builtin_detectors(cfg)
+    return dets or builtin_detectors(cfg.as_dict())
 
 
 def choose_modelled(Md: np.ndarray, det_cols: np.ndarray, names: list[str],
-                    floors: np.ndarray, rels: np.ndarray, cfg: dict
+                    floors: np.ndarray, rels: np.ndarray, cfg: DetectConfig
                     ) -> tuple[np.ndarray, int]:
     """The channels the detectors model, from the window means ``Md`` (fit windows x
     ``det_cols``): redundant channels pruned, symptom channels kept first as representatives,
@@ -52,7 +55,7 @@ def choose_modelled(Md: np.ndarray, det_cols: np.ndarray, names: list[str],
         reach = np.nan_to_num(np.nanmax(np.abs((Md - c0) / s0), axis=0, initial=0.0))
     sym = attr.symptom_mask([names[i] for i in det_cols])[0]
     prio = np.log1p(np.minimum(reach, 1e6)) + 100.0 * sym
-    kept, rep = prune(Md, [names[i] for i in det_cols], cfg["prune_threshold"], prio)
+    kept, rep = prune(Md, [names[i] for i in det_cols], cfg.prune_threshold, prio)
     return det_cols[kept], len(rep)
 
 
@@ -77,7 +80,7 @@ class Model:
 
 
 def fit_model(F: np.ndarray, mcols: np.ndarray, floors: np.ndarray, rels: np.ndarray,
-              window_s: float, cfg: dict, notes: list[str]) -> Model | None:
+              window_s: float, cfg: DetectConfig, notes: list[str]) -> Model | None:
     """Fit on the feature rows ``F`` of the windows the detectors may learn from.
 
     The fit is on the core of those windows: the ones nearest the centre by feature norm.  An
@@ -94,7 +97,7 @@ def fit_model(F: np.ndarray, mcols: np.ndarray, floors: np.ndarray, rels: np.nda
     core = every
     for _ in range(2):
         norm = np.sqrt((Z.astype(np.float64) ** 2).sum(axis=1))
-        core = norm <= np.quantile(norm, cfg["core_quantile"])
+        core = norm <= np.quantile(norm, cfg.core_quantile)
         if core.sum() < 10:
             core = every
             break

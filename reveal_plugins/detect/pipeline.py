@@ -34,10 +34,10 @@ DEFAULTS: dict[str, Any] = {k: f.default for k, f in DetectConfig.model_fields.i
                             if k not in ("detectors", "live", "peers")}
 
 
-def _config(config: dict | None) -> dict:
-    """Validated settings as the plain dict the stages and detector plugins read (a bad or
-    unknown key is a ValueError naming it)."""
-    return detect_config(config, ignore=FOREIGN_KEYS).as_dict()
+def _config(config: "dict | DetectConfig | None") -> DetectConfig:
+    """Validated settings, the typed model the stages receive as it is (a bad or unknown key
+    is a ValueError naming it)."""
+    return detect_config(config, ignore=FOREIGN_KEYS)
 
 
 def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[ChannelMeta],
@@ -56,8 +56,8 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
     out.samples = len(P.t)
     if len(P.t):
         out.t_first, out.t_last = float(P.t[0]), float(P.t[-1])
-    out.analysis = {"window_s": cfg["window_s"], "stride_s": cfg["stride_s"],
-                    "threshold": cfg["threshold"], "channels_in": len(metas)}
+    out.analysis = {"window_s": cfg.window_s, "stride_s": cfg.stride_s,
+                    "threshold": cfg.threshold, "channels_in": len(metas)}
     if len(P.t) < 2:
         out.notes.append(f"only {len(P.t)} sample(s): nothing to analyse")
         return out
@@ -110,7 +110,7 @@ def _analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> 
         raise store.StoreError(f"{os.path.join(run_dir, store.META)}: bad channel entry: "
                                f"{e}") from None
     samples, nbytes, t_first, t_last = 0, 0, None, None
-    if cfg["full"] or _duration(run_dir, meta) > cfg["stream_after_s"]:
+    if cfg.full or _duration(run_dir, meta) > cfg.stream_after_s:
         return _analyze_streamed(run_dir, meta, metas, cfg, bl, t0)
     try:
         iv = meta.get("interval_s")
@@ -162,8 +162,8 @@ def _duration(run_dir: str, meta: dict) -> float:
                                                  and seg > 0 else 10.0)
 
 
-def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: dict, bl: dict | None,
-                      t0: float) -> dict:
+def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: DetectConfig,
+                      bl: dict | None, t0: float) -> dict:
     """A long run (or ``--full``): :mod:`.longrun`, in bounded memory."""
     from ..store import store
     from .longrun import analyze_long
@@ -173,7 +173,7 @@ def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: dict, bl: dict
     try:
         events = store.read_events(run_dir, notes)
         det, samples, nseg, nbytes = analyze_long(run_dir, meta, metas, cfg, bl, events,
-                                                  cfg["full"], notes)
+                                                  cfg.full, notes)
     except Exception as e:  # never a traceback for a user: a report that says what happened
         log.exception("analysis of %s failed", run_dir)
         return failed_report(meta, f"{type(e).__name__}: {e}", notes, samples=samples,

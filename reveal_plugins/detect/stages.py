@@ -6,8 +6,8 @@
                                                                      attribution, hints
 
 :func:`reveal_plugins.detect.pipeline.detect` strings them together; every stage reads the
-validated settings dict (``config.DetectConfig.as_dict()``) and appends what a reader of the
-report should know to ``notes``.
+validated settings as they are (the typed :class:`.config.DetectConfig`) and appends what a
+reader of the report should know to ``notes``.
 """
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from .hinting import hints_for
 from .prepare import PER_CORE, Prepared, informative
 from .report import host_of
 from .windows import windows_pieces as sliding_windows
+from .config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +55,12 @@ class WindowStage:
         return self.valid & ~self.supp
 
 
-def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: list[str],
-                 analysis: dict) -> WindowStage | None:
+def window_stage(P: Prepared, cfg: DetectConfig, meta: dict, events: list[dict],
+                 notes: list[str], analysis: dict) -> WindowStage | None:
     """3-s windows every 1 s; None (with a note) when the run is too short or too gappy."""
     keep, reasons = informative(P.X)
     analysis["channels_dropped"] = {k: int(v.sum()) for k, v in reasons.items()}
-    win = sliding_windows(P.t, P.X, cfg["window_s"], cfg["stride_s"], P.interval_s,
+    win = sliding_windows(P.t, P.X, cfg.window_s, cfg.stride_s, P.interval_s,
                           stats=("mean",))
     analysis["windows"] = len(win)
     if too_short(len(win), float(P.t[0]), float(P.t[-1]), cfg, notes):
@@ -68,23 +69,23 @@ def window_stage(P: Prepared, cfg: dict, meta: dict, events: list[dict], notes: 
                           float(P.t[0]), float(P.t[-1]), cfg, notes)
 
 
-def too_short(m: int, t0: float, t1: float, cfg: dict, notes: list[str]) -> bool:
-    if m >= 2 * cfg["min_windows"] + 2:
+def too_short(m: int, t0: float, t1: float, cfg: DetectConfig, notes: list[str]) -> bool:
+    if m >= 2 * cfg.min_windows + 2:
         return False
-    notes.append(f"run too short for {cfg['window_s']:g} s windows every {cfg['stride_s']:g} s "
+    notes.append(f"run too short for {cfg.window_s:g} s windows every {cfg.stride_s:g} s "
                  f"({t1 - t0:.1f} s of samples): nothing to analyse")
     return True
 
 
 def windows_judged(win, means, names: list[str], units: list[str], informative_: np.ndarray,
-                   meta: dict, events: list[dict], t0: float, t1: float, cfg: dict,
+                   meta: dict, events: list[dict], t0: float, t1: float, cfg: DetectConfig,
                    notes: list[str]) -> WindowStage | None:
     """Which windows are start-up or teardown grace, which the detectors learn from, which
     channels are modelled (per-core ones never: they speak through their ``cpu.cores.*``
     aggregates); None (with a note) when too few windows are complete."""
     per_core = np.array([bool(PER_CORE.match(n)) for n in names], bool)
     starts, ends = boundaries(meta, events, t0, t1)
-    supp = suppressed(win.start, win.end, starts, ends, cfg["warmup_s"], cfg["cooldown_s"])
+    supp = suppressed(win.start, win.end, starts, ends, cfg.warmup_s, cfg.cooldown_s)
     valid = win.valid.copy()
     fitrows = valid & ~supp
     if fitrows.sum() < 10:
@@ -105,12 +106,12 @@ class ModelStage:
     flag: np.ndarray
 
 
-def flag_model(fused: np.ndarray, flaggable: np.ndarray, cfg: dict) -> np.ndarray:
+def flag_model(fused: np.ndarray, flaggable: np.ndarray, cfg: DetectConfig) -> np.ndarray:
     """Windows the fused score flags: above ``threshold``, held down to ``low_fraction`` of it."""
-    return hysteresis(fused, flaggable, cfg["threshold"], cfg["threshold"] * cfg["low_fraction"])
+    return hysteresis(fused, flaggable, cfg.threshold, cfg.threshold * cfg.low_fraction)
 
 
-def model_stage(P: Prepared, W: WindowStage, cfg: dict, notes: list[str], analysis: dict
+def model_stage(P: Prepared, W: WindowStage, cfg: DetectConfig, notes: list[str], analysis: dict
                 ) -> ModelStage:
     """Features of the modelled channels (pruned, robust-scaled) -> detectors -> fused score
     (:mod:`.model`, shared with the long-run path)."""
@@ -122,7 +123,7 @@ def model_stage(P: Prepared, W: WindowStage, cfg: dict, notes: list[str], analys
     Md = W.means[W.fitrows][:, det_cols].astype(np.float64)
     mcols, pruned = model.choose_modelled(Md, det_cols, P.names, W.floors, W.rels, cfg)
     del Md
-    wfull = sliding_windows(P.t, P.X[:, mcols], cfg["window_s"], cfg["stride_s"], P.interval_s)
+    wfull = sliding_windows(P.t, P.X[:, mcols], cfg.window_s, cfg.stride_s, P.interval_s)
     F = feature_matrix(wfull)
     del wfull
     fitted = model.fit_model(F[W.fitrows], mcols, W.floors, W.rels, W.win.window_s, cfg, notes)
@@ -144,7 +145,7 @@ class BaselineStage:
     flag: np.ndarray = field(default_factory=lambda: np.zeros(0, bool))
 
 
-def baseline_stage(P: Prepared, W: WindowStage, baseline: dict | None, cfg: dict,
+def baseline_stage(P: Prepared, W: WindowStage, baseline: dict | None, cfg: DetectConfig,
                    notes: list[str], analysis: dict) -> BaselineStage:
     B = baseline_columns(P.names, len(W.means), baseline, notes, analysis)
     if len(B.cols):
@@ -176,8 +177,8 @@ def baseline_score(means: np.ndarray, B: BaselineStage) -> np.ndarray:
     return np.partition(Zb, Zb.shape[1] - k, axis=1)[:, -k:].mean(axis=1)
 
 
-def baseline_flag(B: BaselineStage, flaggable: np.ndarray, cfg: dict) -> np.ndarray:
-    return flaggable & (B.score >= cfg["baseline_threshold"])
+def baseline_flag(B: BaselineStage, flaggable: np.ndarray, cfg: DetectConfig) -> np.ndarray:
+    return flaggable & (B.score >= cfg.baseline_threshold)
 
 
 @dataclass
@@ -193,7 +194,7 @@ class EventStage:
     symptoms: tuple                 # attribution.symptom_mask of the channels, once per run
 
 
-def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cfg: dict,
+def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cfg: DetectConfig,
                 analysis: dict, gathered: tuple[np.ndarray, list[str]] | None = None,
                 sample: tuple[np.ndarray, np.ndarray] | None = None) -> EventStage:
     """Union of the detectors', the baseline's and the foreign-load flags -> events; the
@@ -204,12 +205,12 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
     ``sample`` (window means, their rows) what the reference level and spread come from."""
     win = W.win
     fmeans, fnames = gathered if gathered is not None else (W.means, P.names)
-    fam = fl.family(fmeans, fnames, W.fitrows, win.start, cfg["foreign_z"])
+    fam = fl.family(fmeans, fnames, W.fitrows, win.start, cfg.foreign_z)
     # Foreign load held well above its absolute level is flagged in the start-up grace too:
     # the job's own start-up runs inside the job, so such load there is a neighbour that was
     # on the node first, and its windows inside the grace are most of what shows it.
     flag = M.flag | B.flag | (fam.flag & W.flaggable) | (fam.held(fl.GRACE_FACTOR) & W.valid)
-    groups = group(flag, win.mid, win.stride_s, cfg["gap_s"], cfg["min_windows"])
+    groups = group(flag, win.mid, win.stride_s, cfg.gap_s, cfg.min_windows)
     w = max(1, int(round(win.window_s / win.stride_s)))
     near = np.convolve(flag.astype(int), np.ones(2 * w + 1, int), mode="same") > 0
     normal = W.valid & ~near & ~W.supp
@@ -217,7 +218,7 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
         normal = W.valid & ~flag
     smeans, srows = sample if sample is not None else (W.means, slice(None))
     center, scale = attr.reference(smeans, normal[srows], W.floors, W.rels)
-    fam = fl.family(fmeans, fnames, normal, win.start, cfg["foreign_z"])
+    fam = fl.family(fmeans, fnames, normal, win.start, cfg.foreign_z)
     if gathered is not None:     # the family's columns, as columns of the whole run
         idx = {n: i for i, n in enumerate(P.names)}
         fam.cols = np.array([idx[n] for n in fam.names], np.intp)
@@ -265,7 +266,7 @@ def parts(E: EventStage, a: int, b: int, w: int) -> list[tuple[int, int]]:
 
 
 def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
-             cfg: dict, meta: dict, events: list[dict], out: Detection) -> None:
+             cfg: DetectConfig, meta: dict, events: list[dict], out: Detection) -> None:
     """Every event judged; anomalies (with the GPU invariants and GPU peer findings) and
     observations into ``out``.  The last stage of both the batch and the long-run path."""
     anomalies: list[dict] = []
@@ -284,13 +285,13 @@ def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: Ev
 
 
 def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
-              cfg: dict, meta: dict, events: list[dict]) -> list[Judgement]:
+              cfg: DetectConfig, meta: dict, events: list[dict]) -> list[Judgement]:
     """Every event judged, split where its evidence changes (:func:`parts`); consecutive parts
     that are all anomalies are one anomaly again (judged as a whole), so a split only changes
     the outcome where a part is start-up, teardown or weak."""
     out: list[Judgement] = []
     for i, g in enumerate(E.groups):
-        ps = parts(E, *g, cfg["min_windows"])
+        ps = parts(E, *g, cfg.min_windows)
         if len(ps) == 1:
             out.append(judge(i, P, W, M, B, E, cfg, meta, events))
             continue
@@ -310,7 +311,7 @@ def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: E
 
 
 def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
-          E: EventStage, cfg: dict, meta: dict, events: list[dict],
+          E: EventStage, cfg: DetectConfig, meta: dict, events: list[dict],
           part: tuple[int, int] | None = None) -> Judgement:
     """Evidence families -> attribution -> hints for event ``i`` of ``E`` (or ``part``, a
     range of its windows)."""
@@ -336,12 +337,12 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     for f in fsup:
         if _since_start(E, W, rows, f["channel"]):
             f["since_start"] = True
-    if np.max(np.abs(dev)) < cfg["min_deviation"] and not fsup:
+    if np.max(np.abs(dev)) < cfg.min_deviation and not fsup:
         return Judgement("weak")
-    hits = attr.symptom_hits(dev, observed, c_ref, E.symptoms, cfg["min_deviation"])
+    hits = attr.symptom_hits(dev, observed, c_ref, E.symptoms, cfg.min_deviation)
     symp = [int(j) for j in np.nonzero(hits)[0][np.argsort(-np.abs(dev[hits]))]]
     impact = attr.iteration_impact(events, s0, s1, E.spans)
-    slowed = attr.slowed(impact, cfg["min_slowdown_pct"])
+    slowed = attr.slowed(impact, cfg.min_slowdown_pct)
     sub, sub_scores = attr.choose_subsystem(dev, P.names, hits)
     fsub = fl.subsystem(fsup, E.foreign.share(rows), [P.names[j] for j in symp])
     if fsub:
@@ -354,7 +355,7 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     families = [f for f, on in (("symptoms", bool(symp)), ("foreign", bool(fsup)),
                                 ("impact", slowed), ("baseline", from_baseline)) if on]
     why = None
-    if cfg["require_symptom"] and not families:
+    if cfg.require_symptom and not families:
         why = ("activity changed, but nothing outside the run's own behaviour explains it: "
                "no pressure, stall, loss or throttling signal moved, no process outside the "
                "run took CPU, memory or I/O, and the iterations did not slow down")
@@ -378,12 +379,12 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     fcols = [E.foreign.names.index(f["channel"]) for f in fsup]
     bcols = [] if fcols else (symp[:3] or [P.names.index(e["channel"]) for e in ev[:3]])
     ta, tb = _evidence_bounds(W, E, a, b, bcols, fcols, c_ref, s_ref, dev,
-                              cfg["min_deviation"] / 2)
+                              cfg.min_deviation / 2)
     if (ta, tb) != (a, b):
         s0, s1 = span(ta, tb, W.win.mid, W.win.stride_s)
     score = float(np.max(B.score[rows] if from_baseline else M.fused[rows]))
     if fsup and not M.flag[rows].any():
-        score = max(score, float(max(f["excess"] for f in fsup)) * cfg["threshold"])
+        score = max(score, float(max(f["excess"] for f in fsup)) * cfg.threshold)
     an = {"id": "", "start": s0, "end": s1, "node": host_of(meta), "step_id": None,
           "subsystem": sub, "score": round(score, 2), "evidence": ev, "hints": [],
           "families": families,
