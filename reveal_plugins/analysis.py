@@ -47,7 +47,7 @@ def analyze_and_publish(run_dir: str, config: dict[str, Any] | None = None,
         raise                      # bad input or setting: the caller reports it to the user
     except Exception as e:         # a crashed analysis must never read as a healthy run
         log.exception("analysis plugin failed on %s", run_dir)
-        from .detect.report import failed_report
+        from .detect.batch.report import failed_report
         report = failed_report(meta, f"{type(e).__name__}: {e}")
     if report is None:
         raise AnalysisUnavailable("no analysis plugin is installed (reveal_analyze returned "
@@ -85,7 +85,7 @@ def publish_stopped(run_dir: str, reason: str, config: dict[str, Any] | None = N
     """The report of an analysis stopped from outside before it finished (a memory cap, a
     timeout): ``status: partial`` with ``reason``, no window judged, written and handed to the
     sinks like any report, so the run does not simply vanish."""
-    from .detect.report import empty_report
+    from .detect.batch.report import empty_report
     meta = store.read_meta(run_dir)
     rep = empty_report(meta, [f"analysis stopped before it finished: {reason}"],
                        channels=len(meta.get("channels") or []), status="partial",

@@ -5,7 +5,7 @@ import subprocess
 import sys
 
 from reveal_plugins.detect import analyze
-from reveal_plugins.detect.baseline import BaselineError, fit_baseline, load, save
+from reveal_plugins.detect.batch.baseline import BaselineError, fit_baseline, load, save
 
 import pytest
 

@@ -43,7 +43,7 @@ def test_detector_settings_reach_the_detectors(tmp_path, monkeypatch, given):
     """Per-detector settings given through analyze()'s documented config reach the detectors
     the pipeline fits (they used to validate, then be flattened away: issue 23)."""
     from reveal_plugins.detect import analyze
-    from reveal_plugins.detect import detectors as dmod
+    from reveal_plugins.detect.batch import detectors as dmod
 
     fitted = {}
     for cls in (dmod.IsolationForestDetector, dmod.RobustZDetector):

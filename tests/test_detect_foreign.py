@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from reveal_plugins.detect import pipeline
-from reveal_plugins.detect.foreign import derive
+from reveal_plugins.detect.evidence.foreign import derive
 from reveal_plugins.types import ChannelMeta
 
 HZ = 100          # USER_HZ
@@ -84,7 +84,7 @@ def run(t, v, ch, **cfg):
 
 def test_derive_node_minus_run():
     t, v, ch = frame(foreign_cores=lambda x: 1.0 if 60 <= x < 80 else 0.0)
-    from reveal_plugins.detect.prepare import prepare
+    from reveal_plugins.detect.batch.prepare import prepare
     P = prepare(t, v, ch, drop=False)
     fc = P.X[:, P.names.index("cpu.foreign.cores")]
     rel = t - T0
@@ -144,7 +144,7 @@ def test_core_migration_is_no_anomaly_and_cores_do_not_multiply_channels(cores):
 
 
 def test_foreign_load_found_live():
-    from reveal_plugins.detect.live import LiveAnalyzer
+    from reveal_plugins.detect.live.analyzer import LiveAnalyzer
     t, v, ch = frame(foreign_cores=lambda x: 1.0 if 80 <= x < 100 else 0.0)
     la = LiveAnalyzer(ch, IV, {})
     found = []

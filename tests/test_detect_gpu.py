@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from fixtures_gpu import T0, gpu_node, write_gpu_run
-from reveal_plugins.detect import gpu as gpu_mod
+from reveal_plugins.detect.evidence import gpu as gpu_mod
 from reveal_plugins.detect.pipeline import analyze, detect, hints_for
 
 

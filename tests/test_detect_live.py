@@ -3,7 +3,7 @@ import time
 
 import numpy as np
 
-from reveal_plugins.detect.live import LiveAnalyzer
+from reveal_plugins.detect.live.analyzer import LiveAnalyzer
 from reveal_plugins.detect.synth import SynthHost
 
 

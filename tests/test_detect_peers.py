@@ -4,7 +4,7 @@ nodes share, a rank's permanent offset and the waiting of the healthy nodes are 
 import numpy as np
 import pytest
 
-from reveal_plugins.detect.peers import NodeSeries, compare, settings
+from reveal_plugins.detect.peers.nodes import NodeSeries, compare, settings
 
 T0 = 1.7e9
 IV = 0.1
@@ -200,7 +200,7 @@ def test_bad_setting_names_the_key():
 # -- live: every node publishes its recent blocks, compares itself with its peers ------------
 
 def _live_nodes(tmp_path, n, key="job-42"):
-    from reveal_plugins.detect.live_peers import for_run
+    from reveal_plugins.detect.live.peers import for_run
     from reveal_plugins.store import store
     from reveal_plugins.types import RunInfo
     out = []
@@ -275,7 +275,7 @@ def test_live_leaves_out_stale_and_foreign_files(tmp_path):
 
 def test_otel_peer_finding_on_the_job_span_and_live_span_in_the_jobs_trace():
     from reveal_plugins.otel.trace import build_peer_spans, build_spans
-    from reveal_plugins.detect.job import annotate
+    from reveal_plugins.detect.peers.job import annotate
     rep = {"schema": "reveal.report/1", "status": "ok", "anomalies": [], "summary": "",
            "telemetry": {"interval_s": 0.1, "samples": 1, "channels": 1, "probes": []},
            "run": {"source": "slurm", "job_id": "77", "start": T0, "end": T0 + 100,
@@ -299,7 +299,7 @@ def test_otel_peer_finding_on_the_job_span_and_live_span_in_the_jobs_trace():
 
 
 def test_iteration_tail_reads_on_from_where_it_stopped(tmp_path):
-    from reveal_plugins.detect.live_peers import IterationTail
+    from reveal_plugins.detect.live.peers import IterationTail
     p = tmp_path / "events.jsonl"
     p.write_text('{"event": "run_start", "t": 1}\n{"event": "iteration", "t": 2, "dt": 0.1, "n": 3}\n'
                  '{"event": "iteration", "t": 3, "dt"')          # a line still being written

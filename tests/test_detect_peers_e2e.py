@@ -80,7 +80,7 @@ def foreign_cores(run_dir, a, b):
     """Mean foreign CPU (cores) of a node between a and b (unix seconds)."""
     import numpy as np
 
-    from reveal_plugins.detect.job import load_node
+    from reveal_plugins.detect.peers.job import load_node
     s = load_node(run_dir)
     sel = (s.t >= a + 2) & (s.t <= b - 2)
     return float(np.nanmean(s.X[sel, s.names.index("cpu.foreign.cores")]))

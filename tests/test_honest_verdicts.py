@@ -73,7 +73,7 @@ def test_a_failing_site_detector_is_never_a_healthy_verdict(tmp_path, report_sch
 
     run = SynthHost(2, seed=2).write_run(str(tmp_path / "r"), 60)
     if not builtins:     # the site's detector is the only one
-        monkeypatch.setattr("reveal_plugins.detect.detectors.builtin_detectors",
+        monkeypatch.setattr("reveal_plugins.detect.batch.detectors.builtin_detectors",
                             lambda config: [])
 
     class Site:

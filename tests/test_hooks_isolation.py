@@ -6,7 +6,7 @@ import types
 import pytest
 
 from reveal_plugins.analysis import analyze_and_publish
-from reveal_plugins.detect.hinting import hints_for
+from reveal_plugins.detect.evidence.hinting import hints_for
 from reveal_plugins.hooks import get_plugin_manager, hookimpl, reset_plugin_manager
 
 

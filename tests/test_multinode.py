@@ -69,7 +69,7 @@ def test_agent_refuses_a_bad_cpu_list():
 # -- examples/multinode.sh end to end (root; ~45 s each) ---------------------------------------
 
 def _peers_available() -> bool:
-    return importlib.util.find_spec("reveal_plugins.detect.peers") is not None
+    return importlib.util.find_spec("reveal_plugins.detect.peers.nodes") is not None
 
 
 def _check_run(run, job, before_qdiscs):
@@ -138,7 +138,7 @@ def test_cpu_hog_on_node_2_is_named(multinode):
     m = re.search(r"fault cpu node=node2 start=([0-9.]+) end=([0-9.]+)", run.stderr)
     assert m, run.stderr[-2000:]
     if not _peers_available():
-        pytest.skip("peer comparison (reveal_plugins.detect.peers) not in this tree")
+        pytest.skip("peer comparison (reveal_plugins.detect.peers.nodes) not in this tree")
     jobdir = os.path.join(run.spool, "jobs", str(job["job_id"]))
     t0, t1 = float(m.group(1)), float(m.group(2))
     gap = _foreign_gap(jobdir, [n.host for n in run.nodes], t0 + 3, t1)
@@ -158,7 +158,7 @@ def test_clean_job_names_no_node(multinode):
     _check_run(run, job, before)
     assert "fault" not in run.stderr
     if not _peers_available():
-        pytest.skip("peer comparison (reveal_plugins.detect.peers) not in this tree")
+        pytest.skip("peer comparison (reveal_plugins.detect.peers.nodes) not in this tree")
     jobdir = os.path.join(run.spool, "jobs", str(job["job_id"]))
     hosts = [n.host for n in run.nodes]
     with open(os.path.join(jobdir, hosts[0], "meta.json")) as f:

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from reveal_plugins.detect import foreign
+from reveal_plugins.detect.evidence import foreign
 from reveal_plugins.probes.nodeprocs import CHANNELS, NodeProcsProbe
 
 _WRITER = r"""

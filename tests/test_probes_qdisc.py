@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from reveal_plugins.detect.attribution import symptom_mask
+from reveal_plugins.detect.evidence.attribution import symptom_mask
 from reveal_plugins.probes.qdisc import QdiscProbe, parse_dump
 
 from fixtures_netns import netns_pair  # noqa: F401  (fixture)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from reveal_plugins.detect import analyze
-from reveal_plugins.detect.featstore import FeatureStore, read
-from reveal_plugins.detect.featstore import FeatureWriter
+from reveal_plugins.detect.longrun.featstore import FeatureStore, read
+from reveal_plugins.detect.longrun.featstore import FeatureWriter
 from reveal_plugins.detect.synth import SynthHost
 from reveal_plugins.store import store
 from reveal_plugins.types import ChannelMeta
@@ -199,7 +199,7 @@ def test_gpu_link_below_max_is_found_when_streamed(tmp_path):
 
 
 def test_incremental_features_can_be_turned_off(tmp_path, monkeypatch):
-    from reveal_plugins.detect.featstore import feature_writer
+    from reveal_plugins.detect.longrun.featstore import feature_writer
     monkeypatch.setenv("REVEAL_FEATURES", "0")
     assert feature_writer(str(tmp_path), [], 0.1) is None
     monkeypatch.delenv("REVEAL_FEATURES")

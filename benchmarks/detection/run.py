@@ -273,7 +273,7 @@ def record(sc: dict, out: str, log) -> dict:
 
 def live_replay(run_dir: str, chunk_s: float = 2.0) -> tuple[list[dict], float]:
     """Feed the recorded rows to LiveAnalyzer as the agent does (every ``chunk_s``)."""
-    from reveal_plugins.detect.live import LiveAnalyzer
+    from reveal_plugins.detect.live.analyzer import LiveAnalyzer
     from reveal_plugins.store.store import load_run
 
     data = load_run(run_dir)

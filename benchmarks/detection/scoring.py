@@ -118,7 +118,7 @@ def poisson_upper(k: int, conf: float = 0.95) -> float:
 
 
 def _reference_matrix(run_dir: str):
-    from reveal_plugins.detect.prepare import prepare
+    from reveal_plugins.detect.batch.prepare import prepare
     from reveal_plugins.store.store import load_run
 
     data = load_run(run_dir)

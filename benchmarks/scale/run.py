@@ -91,7 +91,7 @@ def measure(run_dir: str, cfg: dict) -> dict:
 
 def drop_tail_features(d: str) -> None:
     """Remove the feature file of the final segment: at job end it is the raw tail."""
-    from reveal_plugins.detect.featstore import FeatureStore
+    from reveal_plugins.detect.longrun.featstore import FeatureStore
     fs = FeatureStore.for_run(d)
     a, b, p = max(fs.files(), key=lambda f: f[1])
     if a != b:
@@ -147,7 +147,7 @@ def replayed(hours: int, base: str) -> dict:
     """A long run from two featurized hours (see the module docstring)."""
     import numpy as np
 
-    from reveal_plugins.detect.featstore import FeatureStore, merge, read, read_info, read_names
+    from reveal_plugins.detect.longrun.featstore import FeatureStore, merge, read, read_info, read_names
     from reveal_plugins.store import store
 
     last = hours - 1

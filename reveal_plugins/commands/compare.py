@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _levels(run_dir: str) -> tuple[dict[str, tuple[float, float, str]], dict[str, Any]]:
     """{channel: (median, spread, unit)} over the run's middle, and facts about the run."""
-    from ..detect.prepare import load_prepared
+    from ..detect.batch.prepare import load_prepared
     from ..report.views import iteration_times
     from ..store.store import (MAX_REPORT_BYTES, StoreError, parse_json, read_bounded,
                                read_events, read_meta)

@@ -62,7 +62,7 @@ def analyze_main(argv: list[str]) -> int:
     args = build_analyze_parser().parse_args(argv)
     from ..store.rundir import RunDirError
     from ..store.store import StoreError
-    from ..detect.baseline import BaselineError
+    from ..detect.batch.baseline import BaselineError
 
     cfg: dict = {}
     if args.window:
@@ -77,7 +77,7 @@ def analyze_main(argv: list[str]) -> int:
     try:
         _check_writable_as_root(args.run_dir)
         if args.baseline:   # fail early and clearly on a bad baseline file
-            from ..detect.baseline import load
+            from ..detect.batch.baseline import load
             load(args.baseline)
         try:
             from ..analysis import analyze_and_publish
@@ -134,7 +134,7 @@ def analyze_job_main(job_dir: str, nodes: list[str], cfg: dict, args) -> int:
     from ..analysis import analyze_and_publish
     from ..store.rundir import RunDirError, write_file
     from ..store.store import StoreError
-    from ..detect.job import job_report
+    from ..detect.peers.job import job_report
     items, failed = [], []
     try:
         for d in nodes:
@@ -194,7 +194,7 @@ def build_baseline_parser() -> argparse.ArgumentParser:
 def baseline_main(argv: list[str]) -> int:
     args = build_baseline_parser().parse_args(argv)
     from ..store.store import StoreError
-    from ..detect.baseline import BaselineError, fit_baseline, load, save
+    from ..detect.batch.baseline import BaselineError, fit_baseline, load, save
 
     try:
         if args.cmd == "show":

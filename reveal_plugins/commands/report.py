@@ -4,7 +4,7 @@ DIR is a run directory (or a job directory holding one run directory per node, o
 report.json); JOBID is looked up in the spool (``$REVEAL_SPOOL`` or ``--spool``).  A run that
 has no report.json yet is analysed first.  Several nodes give one section per node (text,
 HTML) or ``{"schema": "reveal.job-report/1", "job_id", "reports": [...], "peers": {...}}``
-(JSON; ``peers`` is the peer comparison of :mod:`reveal_plugins.detect.job`).
+(JSON; ``peers`` is the peer comparison of :mod:`reveal_plugins.detect.peers.job`).
 """
 from __future__ import annotations
 
@@ -87,9 +87,9 @@ def collect(target: str, spool: str | None = None, reanalyze: bool = False,
 
 def job_doc(reports: list, job_id: str | None, progress: Progress | None = None) -> dict:
     """``reveal.job-report/1``: the nodes' reports and, with 2+ run directories, the peer
-    comparison (:mod:`reveal_plugins.detect.job`)."""
+    comparison (:mod:`reveal_plugins.detect.peers.job`)."""
     try:
-        from ..detect.job import job_report
+        from ..detect.peers.job import job_report
     except ImportError:   # detection not installed: the nodes' reports only
         return {"schema": "reveal.job-report/1", "job_id": job_id,
                 "reports": [r for r, _ in reports]}

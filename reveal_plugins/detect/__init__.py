@@ -1,6 +1,6 @@
 """Unsupervised detection, attribution and hints: ``analyze(run_dir) -> report dict``.
 
-See ``docs/detection.md``.  The pipeline lives in :mod:`.pipeline`; each step is its own module
+See ``docs/detection.md``.  The pipeline lives in :mod:`~reveal_plugins.detect.pipeline`; each step is its own module
 (prepare, windows, features, prune, detectors, events, attribution, hints, report, baseline,
 live).
 """

@@ -131,7 +131,7 @@ class DetectConfig(BaseModel):
     def as_dict(self) -> dict[str, Any]:
         """The plain dict the stages and the detector plugins receive
         (``reveal_detectors(config)``).  One shape: per-detector settings stay under
-        ``config["detectors"][name]``, where :func:`.detectors.builtin_detectors` and site
+        ``config["detectors"][name]``, where :func:`~reveal_plugins.detect.batch.detectors.builtin_detectors` and site
         detectors read them (the shorthand ``{"iforest": {...}}`` is folded in on input)."""
         return self.model_dump()
 

@@ -1,4 +1,4 @@
-"""The analysis pipeline, stage by stage (:mod:`reveal_plugins.detect.stages`):
+"""The analysis pipeline, stage by stage (:mod:`reveal_plugins.detect.batch.stages`):
 
     prepare -> windows -> features/detectors -> baseline -> events (with foreign load)
             -> evidence families -> attribution -> hints -> report
@@ -20,12 +20,12 @@ from typing import Any, Sequence
 import numpy as np
 
 from ..types import ChannelMeta
-from . import stages
+from .batch import stages
 from .config import FOREIGN_KEYS, DetectConfig, detect_config
-from .detection import Detection  # noqa: F401  (re-exported)
-from .hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
-from .prepare import Prepared, load_prepared, prepare
-from .report import failed_report, run_section, summary, telemetry_section, verdict_status, SCHEMA
+from .batch.detection import Detection  # noqa: F401  (re-exported)
+from .evidence.hinting import hints_for  # noqa: F401  (re-exported: live mode and site code use it)
+from .batch.prepare import Prepared, load_prepared, prepare
+from .batch.report import failed_report, run_section, summary, telemetry_section, verdict_status, SCHEMA
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +74,17 @@ def detect(t: np.ndarray | None, values: np.ndarray | None, metas: Sequence[Chan
 def load_baseline(baseline: Any) -> dict | None:
     if baseline is None or isinstance(baseline, dict):
         return baseline
-    from .baseline import load
+    from .batch.baseline import load
 
     return load(str(baseline))
 
 
 def analyze(run_dir: str, config: dict | None = None, baseline: Any = None) -> dict:
     """Analyse a run directory and return a ``reveal.report/1`` dict (not written to disk),
-    with the job's own efficiency (:mod:`.efficiency`) beside the anomalies."""
+    with the job's own efficiency (:mod:`~reveal_plugins.detect.batch.efficiency`) beside the anomalies."""
     rep = _analyze(run_dir, config, baseline)
     try:
-        from .efficiency import job_efficiency
+        from .batch.efficiency import job_efficiency
         from ..store import store
         eff = job_efficiency(run_dir, store.read_meta(run_dir))
     except Exception as e:  # noqa: BLE001 - a figure we cannot compute costs no report
@@ -164,9 +164,9 @@ def _duration(run_dir: str, meta: dict) -> float:
 
 def _analyze_streamed(run_dir: str, meta: dict, metas: list, cfg: DetectConfig,
                       bl: dict | None, t0: float) -> dict:
-    """A long run (or ``--full``): :mod:`.longrun`, in bounded memory."""
+    """A long run (or ``--full``): :mod:`~reveal_plugins.detect.longrun.bounded`, in bounded memory."""
     from ..store import store
-    from .longrun import analyze_long
+    from .longrun.bounded import analyze_long
 
     notes: list[str] = []
     samples = nbytes = 0

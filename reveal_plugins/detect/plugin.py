@@ -28,7 +28,7 @@ def reveal_analyze(run_dir: str, config: dict[str, Any]) -> dict[str, Any] | Non
 
 @hookimpl
 def reveal_detectors(config: dict[str, Any]) -> list[Any]:
-    from .detectors import builtin_detectors
+    from .batch.detectors import builtin_detectors
 
     return builtin_detectors(config)
 
@@ -36,7 +36,7 @@ def reveal_detectors(config: dict[str, Any]) -> list[Any]:
 @hookimpl
 def reveal_run_features(run_dir: str, channels: list, interval_s: float | None,
                         config: dict[str, Any]) -> Any:
-    from .featstore import feature_writer
+    from .longrun.featstore import feature_writer
 
     return feature_writer(run_dir, channels, interval_s, config)
 
@@ -44,7 +44,7 @@ def reveal_run_features(run_dir: str, channels: list, interval_s: float | None,
 @hookimpl
 def reveal_live_analyzer(channels: list, interval_s: float, config: dict[str, Any]) -> Any:
     from .config import with_site_defaults
-    from .live import LiveAnalyzer
+    from .live.analyzer import LiveAnalyzer
 
     live = with_site_defaults({"live": dict((config or {}).get("live") or {})})["live"]
     return LiveAnalyzer(channels, interval_s, {"live": {k: v for k, v in live.items()
@@ -54,7 +54,7 @@ def reveal_live_analyzer(channels: list, interval_s: float, config: dict[str, An
 @hookimpl
 def reveal_live_peers(run: Any, config: dict[str, Any]) -> Any:
     from .config import site_detect
-    from .live_peers import for_run
+    from .live.peers import for_run
 
     cfg = dict(config or {})
     peers = site_detect()[0].live.peers

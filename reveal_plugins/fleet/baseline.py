@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..detect.baseline import REL_FLOOR, SCHEMA
+from ..detect.batch.baseline import REL_FLOOR, SCHEMA
 
 
 def _weighted_median(v: np.ndarray, w: np.ndarray) -> float:
@@ -65,7 +65,7 @@ def combine(name: str, runs: list[dict], rows: list[dict], min_share: float = 0.
             ) -> dict[str, Any]:
     """A ``reveal.baseline/1`` dict from per-run feature rows of one class."""
     from ..detect.config import FOREIGN_KEYS, detect_config
-    from ..detect.features import unit_floor
+    from ..detect.batch.features import unit_floor
     cfg = detect_config(None, ignore=FOREIGN_KEYS).as_dict()
     by_ch: dict[str, list[dict]] = {}
     for r in rows:

@@ -96,7 +96,7 @@ def _stored_windows(run_dir: str, meta: dict, window_s: float):
     """Window means from the run's feature store (``DIR/features/``, written while the run
     went on) when it covers every segment: ``(start, end, valid, mean, names, units)``, else
     None (the caller recomputes from the segments)."""
-    from ..detect import featstore
+    from ..detect.longrun import featstore
     from ..store import store
     fs = featstore.FeatureStore.for_run(run_dir)
     seqs = [int(store.SEGMENT_RE.match(os.path.basename(p)).group(1))
@@ -125,7 +125,7 @@ def run_features(run_dir: str, meta: dict, feature_store: bool = True
     same windows, warm-up/cool-down cut and derived channels ``reveal baseline fit`` uses).
     Read from the run's feature store when it has one (and ``feature_store``: only runs root
     wrote), else computed from the segments."""
-    from ..detect.boundaries import boundaries, suppressed
+    from ..detect.batch.boundaries import boundaries, suppressed
     from ..detect.config import FOREIGN_KEYS, detect_config
     from ..store import store
 
@@ -137,8 +137,8 @@ def run_features(run_dir: str, meta: dict, feature_store: bool = True
     except Exception:   # a damaged feature file: the segments are the truth
         got = None
     if got is None:
-        from ..detect.prepare import load_prepared
-        from ..detect.windows import windows_pieces
+        from ..detect.batch.prepare import load_prepared
+        from ..detect.batch.windows import windows_pieces
         from ..types import ChannelMeta
         P, _, _, _ = load_prepared(run_dir, [ChannelMeta.from_dict(c)
                                              for c in meta["channels"]])

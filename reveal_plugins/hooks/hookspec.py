@@ -103,7 +103,7 @@ def reveal_run_features(run_dir: str, channels: "list[Any]", interval_s: float |
     """A callable ``writer(segment_path)`` that featurizes each closed segment of a new run
     while it goes on (so the job-end analysis of a long run reads features, not samples), with
     ``close(timeout)`` and ``failed``; None to leave it to the job-end analysis.  The agent
-    calls this; the built-in implementation is :func:`reveal_plugins.detect.featstore.
+    calls this; the built-in implementation is :func:`reveal_plugins.detect.longrun.featstore.
     feature_writer`, registered by :mod:`reveal_plugins.detect.plugin`."""
 
 

@@ -19,7 +19,7 @@ log = logging.getLogger(__name__)
 BUILTIN_PLUGINS = (
     "reveal_plugins.probes.builtin_probes",
     "reveal_plugins.detect.plugin",
-    "reveal_plugins.detect.hints",
+    "reveal_plugins.detect.evidence.hints",
     "reveal_plugins.otel.sink",
     "reveal_plugins.slurm.sink",
 )

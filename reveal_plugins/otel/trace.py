@@ -274,7 +274,7 @@ def anomaly_attributes(an: dict[str, Any], max_evidence: int) -> dict[str, Any]:
 
 def peer_attributes(report: dict[str, Any]) -> dict[str, Any]:
     """The job's peer comparison on a node's root (job) span: ``report["job_peers"]`` is set by
-    the job-level analysis (:func:`reveal_plugins.detect.job.annotate_reports`)."""
+    the job-level analysis (:func:`reveal_plugins.detect.peers.job.annotate_reports`)."""
     a: dict[str, Any] = {}
     p = report.get("job_peers")
     if not isinstance(p, dict):

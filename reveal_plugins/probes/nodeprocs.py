@@ -3,7 +3,7 @@
 Where several nodes share one kernel (containers or a test bed with a CPU set per node,
 ``REVEAL_CPUS``), the disk and memory counters of ``/proc`` are the machine's: a process that
 writes 100 MB/s on one node shows the same on every node, and the node's foreign I/O or memory
-(:mod:`reveal_plugins.detect.foreign`) says nothing about *which* node it ran on.  The
+(:mod:`reveal_plugins.detect.evidence.foreign`) says nothing about *which* node it ran on.  The
 processes do: one pinned to the node's CPUs (its affinity is a subset of the CPU set) belongs
 to the node, one free to run anywhere belongs to the machine.  This probe sums, over the
 node's processes, the bytes they read and wrote (``/proc/<pid>/io``, counted when a page is

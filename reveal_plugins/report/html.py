@@ -349,7 +349,7 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
 
 def _efficiency(rep: dict) -> str:
     """The job's own use of what it was given (report ``efficiency``)."""
-    from ..detect.efficiency import efficiency_lines
+    from ..detect.batch.efficiency import efficiency_lines
     lines = efficiency_lines(rep.get("efficiency"))
     if not lines:
         return ""

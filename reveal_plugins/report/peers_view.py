@@ -126,8 +126,8 @@ def timelines(peers: dict, progress=None) -> list[tuple[str, str]]:
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    from ..detect.job import load_node
-    from ..detect.windows import sliding_windows
+    from ..detect.peers.job import load_node
+    from ..detect.batch.windows import sliding_windows
     from .htmlkit import COLORS, RC, figure_svg, mmss
     from matplotlib.ticker import FuncFormatter, MaxNLocator
     subs: dict[str, list[str]] = {}

@@ -251,7 +251,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
         from .load import host_of
         out += _utilization(view, node_label or fmt.printable(host_of(view.meta)), s)
     if report.get("efficiency"):
-        from ..detect.efficiency import efficiency_lines
+        from ..detect.batch.efficiency import efficiency_lines
         out += ["", s("Job efficiency", "bold") + s("  (the job's own processes; the node "
                                                      "figures above include others' load)",
                                                      "dim")]

@@ -43,7 +43,7 @@ def render_summary(report: dict[str, Any], max_anomalies: int = 5) -> str:
             + (f", exit {s['exit_code']}" if s.get("exit_code") is not None else "") + ")"
             for s in steps))
     if report.get("efficiency"):
-        from ..detect.efficiency import efficiency_lines
+        from ..detect.batch.efficiency import efficiency_lines
         lines += ["  job efficiency (this node):"] + [
             "    " + x for x in efficiency_lines(report["efficiency"])]
     anomalies = sorted(report.get("anomalies") or [], key=lambda a: -float(a.get("score", 0)))

@@ -303,7 +303,7 @@ class SegmentWriter:
         self._first_t: float | None = None
         self.seq = self._next_seq()
         # called with the path of every segment written (the incremental featurizer of
-        # reveal_plugins.detect.featurize); its close() is called by close()
+        # reveal_plugins.detect.longrun.featurize); its close() is called by close()
         self.on_segment: Any = None
         self.bytes_written = 0
         self.samples_written = 0

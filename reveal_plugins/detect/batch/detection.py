@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .config import DetectConfig
+from ..config import DetectConfig
 
 
 @dataclass

@@ -3,8 +3,8 @@
 ``job_report(run_dirs, job_id)`` -> ``{"schema": "reveal.job-report/1", "job_id", "reports":
 [per-node reports], "peers": {...}, "summary"}``.  The per-node reports come from each run
 directory (its report.json, else analysed now); the peer comparison
-(:mod:`reveal_plugins.detect.peers`) reads every node's telemetry through the same loader as
-the node's own analysis (:func:`reveal_plugins.detect.prepare.load_prepared`).
+(:mod:`reveal_plugins.detect.peers.nodes`) reads every node's telemetry through the same loader as
+the node's own analysis (:func:`reveal_plugins.detect.batch.prepare.load_prepared`).
 """
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ import os
 import time
 from typing import Any, Sequence
 
-from ..store import store
-from ..types import ChannelMeta
-from .boundaries import boundaries
-from .hinting import hints_for
-from .peers import NodeSeries, PeerResult, compare
-from .prepare import load_prepared
+from ...store import store
+from ...types import ChannelMeta
+from ..batch.boundaries import boundaries
+from ..evidence.hinting import hints_for
+from .nodes import NodeSeries, PeerResult, compare
+from ..batch.prepare import load_prepared
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,7 @@ def job_report(items: Sequence[tuple[dict, str | None]], job_id: str | None,
     reports = [r for r, _ in items]
     dirs = [(d, r) for r, d in items if d]
     if config is None and len(dirs) >= 2:     # the site's [detect.peers], else the defaults
-        from .config import site_detect
+        from ..config import site_detect
         config = site_detect()[0].peers
     doc: dict[str, Any] = {"schema": SCHEMA, "job_id": job_id, "reports": reports}
     if len(dirs) >= 2:

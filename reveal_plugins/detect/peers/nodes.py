@@ -20,8 +20,8 @@ For every node ``i``, window ``w`` (the same wall-clock grid on all nodes) and c
   moved and ``i`` a little more (a machine- or fabric-wide signal read a moment apart), the
   residual is a sliver of a shared change;
 * **evidence**: a node-window is flagged when a *symptom* (pressure, stalls, loss, throttling:
-  :data:`reveal_plugins.detect.attribution.SYMPTOMS`, in its harmful direction and by its
-  practical minimum) or the node's *foreign load* (:mod:`reveal_plugins.detect.foreign`)
+  :data:`reveal_plugins.detect.evidence.attribution.SYMPTOMS`, in its harmful direction and by its
+  practical minimum) or the node's *foreign load* (:mod:`reveal_plugins.detect.evidence.foreign`)
   deviates by ``z >= threshold`` from the peers; activity alone only helps choose the
   subsystem.  The job's own CPU share (``cpu.run.*``) never votes: it is the consequence;
 * a **suspect** is a run of at least ``min_windows`` flagged windows of one node while at most
@@ -29,7 +29,7 @@ For every node ``i``, window ``w`` (the same wall-clock grid on all nodes) and c
   (a job phase, a filesystem-wide slowdown) leaves no residual: it is reported as **shared**.
 
 Everything here is plain arrays in, plain dicts out (:func:`compare`); loading run directories
-and writing reports is :mod:`reveal_plugins.detect.job`.
+and writing reports is :mod:`reveal_plugins.detect.peers.job`.
 """
 from __future__ import annotations
 
@@ -40,15 +40,15 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from . import attribution as attr
-from .events import group, span
-from .features import channel_floors, nanmedian_cols, rel_floors
-from .config import PeersConfig
-from .foreign import MINIMUM as FOREIGN_MINIMUM
-from .prepare import PER_CORE
-from .windows import sliding_windows
+from ..evidence import attribution as attr
+from ..batch.events import group, span
+from ..batch.features import channel_floors, nanmedian_cols, rel_floors
+from ..config import PeersConfig
+from ..evidence.foreign import MINIMUM as FOREIGN_MINIMUM
+from ..batch.prepare import PER_CORE
+from ..batch.windows import sliding_windows
 
-#: Documented settings (``config["peers"]``, ``[detect.peers]``: :class:`.config.PeersConfig`).
+#: Documented settings (``config["peers"]``, ``[detect.peers]``: :class:`~reveal_plugins.detect.config.PeersConfig`).
 DEFAULTS: dict[str, Any] = PeersConfig().model_dump()
 
 #: The job's own CPU share: lower on a node held back, but the consequence, never the cause.

@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from ..types import ChannelMeta
-from .foreign import derive as foreign_derive
+from ...types import ChannelMeta
+from ..evidence.foreign import derive as foreign_derive
 
 #: Channels whose coefficient of variation is below this carry no information (paper: 0.01).
 CV_MIN = 0.01
@@ -115,7 +115,7 @@ _CPU_TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "ste
 def derive_channels(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | None = None
             ) -> tuple[list[np.ndarray], list[str], list[str]]:
     """Derived metrics where their inputs exist (paper's list plus the usual OS ratios, the
-    per-core aggregates and the foreign load of :mod:`reveal_plugins.detect.foreign`)."""
+    per-core aggregates and the foreign load of :mod:`reveal_plugins.detect.evidence.foreign`)."""
     idx = {n: i for i, n in enumerate(names)}
     cols: list[np.ndarray] = []
     out_names: list[str] = []
@@ -299,7 +299,7 @@ def load_prepared(run_dir: str, metas: Sequence[ChannelMeta], interval_s: float 
     """
     import os
 
-    from ..store import store
+    from ...store import store
 
     warnings: list[str] = []
     seg_dir = os.path.join(run_dir, store.SEGMENTS)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .config import DetectConfig
+from ..config import DetectConfig
 
 
 def boundaries(meta: dict, events: list[dict], t_first: float, t_last: float

@@ -6,7 +6,7 @@
                                                                      attribution, hints
 
 :func:`reveal_plugins.detect.pipeline.detect` strings them together; every stage reads the
-validated settings as they are (the typed :class:`.config.DetectConfig`) and appends what a
+validated settings as they are (the typed :class:`~reveal_plugins.detect.config.DetectConfig`) and appends what a
 reader of the report should know to ``notes``.
 """
 from __future__ import annotations
@@ -17,19 +17,19 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import attribution as attr
-from . import foreign as fl
+from ..evidence import attribution as attr
+from ..evidence import foreign as fl
 from .detection import Detection, set_anomalies
 from .boundaries import at_edge, boundaries, steady_before, step_of, suppressed
 from . import model
 from .events import group, hysteresis, span
 from .features import channel_floors, feature_matrix, rel_floors
-from .gpu import findings as gpu_findings, invariant_findings as gpu_invariants
-from .hinting import hints_for
+from ..evidence.gpu import findings as gpu_findings, invariant_findings as gpu_invariants
+from ..evidence.hinting import hints_for
 from .prepare import PER_CORE, Prepared, informative
 from .report import host_of
 from .windows import windows_pieces as sliding_windows
-from .config import DetectConfig
+from ..config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def flag_model(fused: np.ndarray, flaggable: np.ndarray, cfg: DetectConfig) -> n
 def model_stage(P: Prepared, W: WindowStage, cfg: DetectConfig, notes: list[str], analysis: dict
                 ) -> ModelStage:
     """Features of the modelled channels (pruned, robust-scaled) -> detectors -> fused score
-    (:mod:`.model`, shared with the long-run path)."""
+    (:mod:`~reveal_plugins.detect.batch.model`, shared with the long-run path)."""
     m = len(W.means)
     det_cols = np.nonzero(W.modelled)[0]
     if len(det_cols) == 0:

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..hooks.hookspec import hookimpl
+from ...hooks.hookspec import hookimpl
 
 Ctx = dict[str, Any]
 
@@ -357,7 +357,7 @@ def network_errors(anomaly: dict, context: Ctx) -> list[dict]:
 
 # -- GPU -------------------------------------------------------------------------------------
 #
-# GPU findings of the pipeline (:mod:`reveal_plugins.detect.gpu`: invariants, GPU peers) carry
+# GPU findings of the pipeline (:mod:`reveal_plugins.detect.evidence.gpu`: invariants, GPU peers) carry
 # ``context["gpu"]``: the GPU's identity (index, uuid, pci_bus_id, name, rank), the node, and
 # what it did over the finding (``capped``/``throttle`` shares of the time per clock limit,
 # clocks, ``link``, error ``counts``, ``xid_last``, ``remap_*``, ``foreign``, ``lost``).  The

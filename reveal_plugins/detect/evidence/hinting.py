@@ -12,7 +12,7 @@ def hints_for(anomaly: dict, context: dict) -> list[dict]:
     """Ask every ``reveal_hints`` implementation; drop fallbacks when a specific rule fired;
     the rule about the anomaly's own subsystem first, then by severity."""
     try:
-        from ..hooks.manager import hook
+        from ...hooks.manager import hook
 
         res = hook().reveal_hints(anomaly=anomaly, context=context)
     except Exception as e:

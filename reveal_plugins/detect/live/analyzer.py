@@ -16,17 +16,17 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..types import ChannelMeta
-from . import attribution as attr
-from . import foreign as fl
-from .config import LiveConfig
-from .features import channel_floors, rel_floors, robust_center_scale
-from .prepare import PER_CORE, add_derived, to_rates
-from .windows import sliding_windows
+from ...types import ChannelMeta
+from ..evidence import attribution as attr
+from ..evidence import foreign as fl
+from ..config import LiveConfig
+from ..batch.features import channel_floors, rel_floors, robust_center_scale
+from ..batch.prepare import PER_CORE, add_derived, to_rates
+from ..batch.windows import sliding_windows
 
 log = logging.getLogger(__name__)
 
-#: The documented defaults (:class:`.config.LiveConfig`, ``[detect.live]``).
+#: The documented defaults (:class:`~reveal_plugins.detect.config.LiveConfig`, ``[detect.live]``).
 LIVE_DEFAULTS: dict[str, Any] = LiveConfig().model_dump(exclude={"peers"})
 
 
@@ -74,7 +74,7 @@ class LiveAnalyzer:
     def horizon(self) -> tuple[np.ndarray, np.ndarray, list[str], list[str]] | None:
         """The prepared samples held (rates and derived metrics of the last ``horizon_s``),
         with their names and units; None before the first update.  The live peer comparison
-        (:mod:`reveal_plugins.detect.live_peers`) publishes them."""
+        (:mod:`reveal_plugins.detect.live.peers`) publishes them."""
         names = getattr(self, "_h_names", None)
         if self._X is None or names is None or not len(self._t):
             return None
@@ -191,7 +191,7 @@ class LiveAnalyzer:
         return out
 
     def _finding(self, win, means, center, scale, mid_last: float) -> dict:
-        from .pipeline import hints_for
+        from ..pipeline import hints_for
 
         starts = self._run
         rows = np.isin(np.round(win.start, 3), starts)

@@ -40,7 +40,7 @@ def _alloc_cores(meta: dict, quota: float | None, node: int) -> tuple[float | No
 def job_efficiency(run_dir: str, meta: dict) -> dict[str, Any] | None:
     """The ``efficiency`` section of report.json, or None when the run has no own accounting
     (no ``cpu.run.usage``: a node-level run)."""
-    from ..store import store
+    from ...store import store
 
     names = [c.get("name") for c in meta.get("channels") or [] if isinstance(c, dict)]
     want = [n for n in names if n in ("cpu.run.usage", "cpu.run.limit_cores", "memory.run.rss",

@@ -1,8 +1,8 @@
 """The unsupervised model of one run: which channels are modelled, the robust scaler, the
 detectors fitted on the core of the run, and the fused score of any window.
 
-One owner for both paths: :func:`.stages.model_stage` (a run in memory) fits on all its
-windows and scores them at once; :mod:`.longrun` fits on a sample of stored windows and scores
+One owner for both paths: :func:`~reveal_plugins.detect.batch.stages.model_stage` (a run in memory) fits on all its
+windows and scores them at once; :mod:`~reveal_plugins.detect.longrun.bounded` fits on a sample of stored windows and scores
 the rest chunk by chunk.  Both call :func:`choose_modelled`, :func:`fit_model` and
 :meth:`Model.score`, so their detections cannot drift apart.
 """
@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import attribution as attr
+from ..evidence import attribution as attr
 from .detectors import builtin_detectors, fuse, norm_params
 from .features import feature_floors, fit_scaler
 from .prune import prune
 from .windows import STATS
-from .config import DetectConfig
+from ..config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def detectors(cfg: DetectConfig) -> list:
     """The detectors of every ``reveal_detectors`` plugin (the built-ins when none answers);
     plugins receive the settings as a plain dict (the hook's public contract)."""
     try:
-        from ..hooks.manager import hook
+        from ...hooks.manager import hook
 
         dets = [d for lst in hook().reveal_detectors(config=cfg.as_dict())
                 for d in (lst or [])]

@@ -1,18 +1,18 @@
-"""Analysis of a long run in bounded memory, from its feature store (:mod:`.featstore`).
+"""Analysis of a long run in bounded memory, from its feature store (:mod:`~reveal_plugins.detect.longrun.featstore`).
 
-Used by :func:`.pipeline.analyze` when a run is longer than ``stream_after_s`` (or with
-``full``: ``reveal analyze --full``).  The stages are those of :mod:`.stages`, on the stored
+Used by :func:`~reveal_plugins.detect.pipeline.analyze` when a run is longer than ``stream_after_s`` (or with
+``full``: ``reveal analyze --full``).  The stages are those of :mod:`~reveal_plugins.detect.batch.stages`, on the stored
 window statistics instead of a sample matrix:
 
 1. bring the feature store up to date (the raw tail; with ``full`` every segment again);
 2. pass 1 over the feature files: window times and validity, per-channel sums (channel
    filtering), the few columns every window needs (foreign load, GPU invariants) and a
    systematic sample of at most ``fit_windows`` windows (every k-th);
-3. the model (:mod:`.model`: channel choice, pruning, robust scaler, the core and the
-   detectors) is fitted on that sample, exactly as :func:`.stages.model_stage` fits on all
+3. the model (:mod:`~reveal_plugins.detect.batch.model`: channel choice, pruning, robust scaler, the core and the
+   detectors) is fitted on that sample, exactly as :func:`~reveal_plugins.detect.batch.stages.model_stage` fits on all
    windows;
 4. pass 2: every window is scored chunk by chunk (fused score, baseline score);
-5. :func:`.stages.event_stage` and :func:`.stages.conclude`, the batch path's own stages, on
+5. :func:`~reveal_plugins.detect.batch.stages.event_stage` and :func:`~reveal_plugins.detect.batch.stages.conclude`, the batch path's own stages, on
    the gathered columns and the sample; an event's window means are read back from the
    files that hold them.
 
@@ -31,14 +31,16 @@ from typing import Sequence
 
 import numpy as np
 
-from . import foreign as fl
-from . import gpu, model, stages
+from ..evidence import foreign as fl
+from ..evidence import gpu
+from ..batch import model
+from ..batch import stages
 from .featstore import FeatureFileError, FeatureStore, segment_seq, read
 from .featurize import Chunk, full_columns, informative_from, prepared_names
-from .features import feature_matrix
-from .detection import Detection
-from .windows import STATS, Windows
-from .config import DetectConfig
+from ..batch.features import feature_matrix
+from ..batch.detection import Detection
+from ..batch.windows import STATS, Windows
+from ..config import DetectConfig
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +145,7 @@ def _size(path: str) -> int:
 
 
 def _segments(run_dir: str) -> list[str]:
-    from ..store import store
+    from ...store import store
     return store.segment_paths(run_dir)
 
 

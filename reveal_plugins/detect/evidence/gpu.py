@@ -12,7 +12,7 @@ NVML index, UUID, PCI bus id, model, and the rank that ran on it):
   that are not the job's on the job's GPU.
 * **GPU peers** (:func:`peer_findings`): the GPUs of one job on one node run the same code on
   the same schedule, so at any moment they should look alike.  Each GPU is compared with its
-  siblings over the same windows by :func:`reveal_plugins.detect.peers.compare` (the node-peer
+  siblings over the same windows by :func:`reveal_plugins.detect.peers.nodes.compare` (the node-peer
   machinery: residual against the median of the others, the GPU's own change must explain it,
   symptoms and causes vote, activity does not), with every ``gpu.<i>.<metric>`` renamed to one
   common name.  A GPU that is throttled, power-capped, link-downtrained or shares its SMs with
@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from . import attribution as attr
-from .config import DetectConfig
+from ..config import DetectConfig
 
 GPU_RE = re.compile(r"^gpu\.(\d+)\.(.+)$")
 
@@ -54,7 +54,7 @@ INVARIANT_METRICS = re.compile(
 GATHER = re.compile(r"^gpu\.\d+\.(" + PEER_METRICS.pattern[2:-2] + "|" +
                     INVARIANT_METRICS.pattern[2:-2] + ")$")
 
-#: Peer settings for GPUs (:data:`reveal_plugins.detect.peers.DEFAULTS` otherwise): up to 3
+#: Peer settings for GPUs (:data:`reveal_plugins.detect.peers.nodes.DEFAULTS` otherwise): up to 3
 #: of 8 GPUs may stand out at once (the median of the other 5 is still a healthy reference).
 PEER_CONFIG = {"max_share": 0.4}
 
@@ -376,7 +376,7 @@ def peer_findings(t: np.ndarray, X, names: list[str], units: list[str], starts: 
     """Each GPU against its siblings; returns peer suspects (the GPU's own channel names
     back in the evidence, ``gpu`` the index) and fills ``result`` (the report's
     ``analysis["gpu_peers"]``)."""
-    from .peers import NodeSeries, compare
+    from ..peers.nodes import NodeSeries, compare
 
     gpus = gpu_indices(names)
     idx = {n: j for j, n in enumerate(names)}
@@ -478,9 +478,9 @@ def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomali
     """The detector's ``anomalies`` with the GPU invariants and the GPU peer findings added
     (or merged into them), and the anomalies of a phase every GPU shared moved to
     ``out.observations``.  ``out`` is the :class:`pipeline.Detection` (notes, analysis)."""
-    from .boundaries import step_of
+    from ..batch.boundaries import step_of
     from .hinting import hints_for
-    from .report import host_of
+    from ..batch.report import host_of
 
     names, units = P.names, P.units
     gpus = gpu_indices(names)
@@ -504,7 +504,7 @@ def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomali
     def gpu_channels(g: int, rows: np.ndarray, ref: dict[str, float] | None = None) -> dict:
         """Every channel of GPU ``g`` over ``rows``: observed mean, reference (``ref``, else
         the run's normal level), deviation in floored units."""
-        from .features import unit_floor
+        from ..batch.features import unit_floor
         ch = {}
         for n, j in idx.items():
             if not n.startswith(f"gpu.{g}.") or not GATHER.match(n):
@@ -527,7 +527,7 @@ def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomali
         g = inv["gpu"]
         ev = []
         for j, (base, val) in inv["channels"].items():
-            from .features import unit_floor
+            from ..batch.features import unit_floor
             ev.append({"channel": names[j], "deviation": round(float(np.clip(
                 (val - base) / max(unit_floor(names[j], units[j]), 1e-9), -50, 50)), 2),
                 "baseline": attr._num(base), "observed": attr._num(val), "unit": units[j]})

@@ -3,7 +3,7 @@
 Called after each segment is written (the agent's :class:`FeatureWriter`), by the job-end
 analysis for the segments not featurized yet (the raw tail), and by ``reveal analyze --full``
 for all of them.  The windows and statistics are those of the in-memory pipeline
-(:mod:`.prepare` rates and derived metrics, :func:`.windows.sliding_windows` mean, std, min,
+(:mod:`~reveal_plugins.detect.batch.prepare` rates and derived metrics, :func:`~reveal_plugins.detect.batch.windows.sliding_windows` mean, std, min,
 max, slope) on one run-wide grid: window ``i`` starts at ``t0 + i * stride``, ``t0`` the run's
 first sample.  A window is emitted once a sample past its end has arrived, so each window is
 computed exactly once, from the rows of the segments it covers plus a short raw carry.
@@ -23,9 +23,9 @@ from typing import Sequence
 
 import numpy as np
 
-from ..types import ChannelMeta
-from .prepare import PER_CORE, derive_channels, median_interval, to_rates
-from .windows import STATS, sliding_windows
+from ...types import ChannelMeta
+from ..batch.prepare import PER_CORE, derive_channels, median_interval, to_rates
+from ..batch.windows import STATS, sliding_windows
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def add_colstats(acc: np.ndarray, X: np.ndarray, chunk: int = 128) -> None:
 
 def informative_from(colstats: np.ndarray, cv_min: float = 0.01
                      ) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """:func:`.prepare.informative` from running sums (one pass, no sample matrix)."""
+    """:func:`~reveal_plugins.detect.batch.prepare.informative` from running sums (one pass, no sample matrix)."""
     n, s, q, amax = colstats
     any_finite = n > 0
     nonzero = amax > 0
@@ -90,7 +90,7 @@ def informative_from(colstats: np.ndarray, cv_min: float = 0.01
 
 def full_columns(names: Sequence[str]) -> np.ndarray:
     """Channels with all statistics; per-core ones have means only (they are modelled and
-    attributed through the ``cpu.cores.*`` aggregates, see :mod:`.prepare`)."""
+    attributed through the ``cpu.cores.*`` aggregates, see :mod:`~reveal_plugins.detect.batch.prepare`)."""
     return np.array([i for i, n in enumerate(names) if not PER_CORE.match(n)], np.intp)
 
 
@@ -164,7 +164,7 @@ class Featurizer:
         if self.interval_s is None:
             self.interval_s = median_interval(t) if len(t) > 1 else None
         iv = self.interval_s or 1.0
-        from ..store import store
+        from ...store import store
         np_ = 0 if self._prev_t is None else len(self._prev_t)
         tt = t if not np_ else np.concatenate([self._prev_t, t])
         rr = raw if not np_ else np.vstack([self._prev_raw, raw])

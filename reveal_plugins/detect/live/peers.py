@@ -6,9 +6,9 @@ or ``reveal-torchrun --reveal-out`` on a shared filesystem):
 
 1. **publish** its recent telemetry as 1-s block means on the wall-clock second grid
    (``live-peers.npz`` in its run directory: a few hundred KB, replaced atomically), computed
-   from the horizon the :class:`reveal_plugins.detect.live.LiveAnalyzer` already holds;
+   from the horizon the :class:`reveal_plugins.detect.live.analyzer.LiveAnalyzer` already holds;
 2. **compare** itself and up to ``max_peers`` of its peers (the nearest in host order) with
-   :func:`reveal_plugins.detect.peers.compare` on what they published, and return each suspect
+   :func:`reveal_plugins.detect.peers.nodes.compare` on what they published, and return each suspect
    that is still going on and was not reported yet.
 
 Files older than ``stale_s`` (a node that finished, or whose agent died) are left out.  The
@@ -28,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from ..store import store
-from .config import LivePeersConfig
-from .peers import NodeSeries, compare
+from ...store import store
+from ..config import LivePeersConfig
+from ..peers.nodes import NodeSeries, compare
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ FILE = "live-peers.npz"
 #: queue) is named after 2 windows; symptoms alone, bursty by nature, after 5 as at job end; the
 #: start-up left out as at job end (10 s).
 LIVE_COMPARE = {"cooldown_s": 0.0, "warmup_s": 10.0, "min_windows": 2, "symptom_windows": 5}
-#: The documented defaults (:class:`.config.LivePeersConfig`, ``[detect.live.peers]``).
+#: The documented defaults (:class:`~reveal_plugins.detect.config.LivePeersConfig`, ``[detect.live.peers]``).
 LIVE_PEER_DEFAULTS: dict[str, Any] = LivePeersConfig().model_dump(exclude={"enabled"})
 
 
@@ -128,7 +128,7 @@ class PeerLive:
                 iterations: list[tuple[float, float, float]] | None = None) -> None:
         """``iterations``: the job's recent markers on this node, ``(t, dt, n)`` (default:
         what the run's events.jsonl holds): a symptom alone is named only when the job slowed
-        (:func:`~reveal_plugins.detect.peers.compare`)."""
+        (:func:`~reveal_plugins.detect.peers.nodes.compare`)."""
         lo = float(t[-1]) - self.cfg["horizon_s"] if len(t) else 0.0
         sel = t >= lo
         bt, M = block_means(t[sel], X[sel])
@@ -139,7 +139,7 @@ class PeerLive:
         np.savez(buf, t=bt, X=M, it=its, names=np.array(names, dtype=str),
                  units=np.array(units, dtype=str), node=np.array(self.node),
                  key=np.array(self.key), start=np.array(self.start))
-        from ..store.rundir import write_file
+        from ...store.rundir import write_file
         write_file(self.run_dir, FILE, buf.getvalue(), 0o644, sync=False)
 
     # -- compare -------------------------------------------------------------------------

@@ -52,10 +52,10 @@ class BaselineError(ValueError):
 
 def fit_baseline(run_dirs: Sequence[str], config: dict | None = None,
                  name: str | None = None) -> dict[str, Any]:
-    from ..store import store
-    from ..types import ChannelMeta
+    from ...store import store
+    from ...types import ChannelMeta
     from .boundaries import boundaries, suppressed
-    from .config import FOREIGN_KEYS, detect_config
+    from ..config import FOREIGN_KEYS, detect_config
     from .prepare import load_prepared
     from .windows import windows_pieces as sliding_windows
 

@@ -1,7 +1,7 @@
 """The feature store of a run: window statistics beside the segments (``DIR/features/``).
 
 One Parquet file per featurized segment, ``feat-AAAAAA-BBBBBB.parquet`` (segments A..B, the
-windows their arrival finished), written like segments (:func:`..store.rundir.atomic_file`:
+windows their arrival finished), written like segments (:func:`~reveal_plugins.store.rundir.atomic_file`:
 a crash loses at most the file being written).  Every :data:`GROUP` single-segment files are
 merged into one (written first, the small ones removed after), so a week-long run has ~170
 files to read at job end, not 60 000.  Each file carries in its metadata the featurizer's state
@@ -28,11 +28,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ..store import store
-from ..store.rundir import atomic_file, open_dir
-from ..types import ChannelMeta
+from ...store import store
+from ...store.rundir import atomic_file, open_dir
+from ...types import ChannelMeta
 from .featurize import WARMUP_SEGMENTS, Chunk, Featurizer, full_columns, resume
-from .windows import STATS
+from ..batch.windows import STATS
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 Deviation of a channel = (observed mean over the event - reference level) / reference spread,
 where the reference is the run's own normal windows (or a baseline) and the spread is floored
-at a practical minimum (:func:`reveal_plugins.detect.features.unit_floor`).
+at a practical minimum (:func:`reveal_plugins.detect.batch.features.unit_floor`).
 
 Subsystem choice: every subsystem scores the mean of log(1+|deviation|) of its two strongest
 channels.  CPU time is the common carrier of almost any disturbance (a process that thrashes a
@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from .features import robust_center_scale
+from ..batch.features import robust_center_scale
 
 CPU_CARRIER = 0.7
 #: Discount for subsystems whose channels rarely cause a slowdown by themselves.

@@ -1,0 +1,1 @@
+"""The batch stages: prepare, windows, features, detectors, baseline, events, report."""

@@ -1,0 +1,1 @@
+"""Evidence: foreign load, attribution to a subsystem, GPU findings, remediation hints."""

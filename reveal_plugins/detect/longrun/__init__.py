@@ -1,0 +1,1 @@
+"""Long runs in bounded memory: the feature store, incremental featurization, the stored-window analysis."""
