@@ -257,7 +257,7 @@ def test_progress_bar_only_on_a_terminal(fleet, tmp_path):
 def test_features_read_from_the_runs_feature_store(tmp_path, fleet_templates):
     """A run featurized while it went on (DIR/features/) is not windowed again: the index
     reads its window means, and they summarise the run as the segments do."""
-    from reveal_plugins.detect.longrun.bounded import featstore
+    from reveal_plugins.detect.longrun import featstore
     from reveal_plugins.fleet import extract
     from reveal_plugins.store.store import read_meta
     from reveal_plugins.types import ChannelMeta

@@ -65,7 +65,7 @@ def test_detect_settings_reach_the_analysis_and_the_command_line_wins(tmp_path, 
 
 
 def test_live_and_peer_settings_reach_their_parts(tmp_path, monkeypatch):
-    from reveal_plugins.detect.peers.nodes import job
+    from reveal_plugins.detect.peers import job
     from reveal_plugins.hooks import hook
     from reveal_plugins.types import ChannelMeta
     monkeypatch.setenv("REVEAL_CONFIG", _write(

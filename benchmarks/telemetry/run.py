@@ -290,12 +290,11 @@ def bench_storage(duration: float, interval: float = 0.1) -> dict:
 
 def bench_probes(n: int = 1000) -> list[dict]:
     """CPU µs per sample() of every registered probe (host ones, and run ones for this PID)."""
-    from reveal_plugins.hooks import call_safely
+    from reveal_plugins.hooks import hook
     from reveal_plugins.types import RunInfo
-    probes = [p for b in call_safely("reveal_register_probes", config={}) for p in b]
+    probes = [p for b in hook().reveal_register_probes(config={}) for p in b]
     me = RunInfo(run_id="bench", run_dir="", pids=[os.getpid()], uid=os.getuid())
-    probes += [p for b in call_safely("reveal_register_run_probes", run=me, config={})
-               for p in b]
+    probes += [p for b in hook().reveal_register_run_probes(run=me, config={}) for p in b]
     rows = []
     for p in probes:
         p.open()
