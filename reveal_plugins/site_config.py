@@ -5,7 +5,10 @@ misspelled ``[otle]`` must not silently leave OpenTelemetry unconfigured.
 
 Each room owns the model of its table (``[detect]``: :class:`reveal_plugins.detect.config.
 DetectConfig`, ``[agent]``: :class:`reveal_plugins.agent.settings.AgentConfig`, ``[slurm]``:
-:class:`reveal_plugins.slurm.config.SlurmConfig`...) and reads it with :func:`table`, which
+:class:`reveal_plugins.slurm.config.SlurmConfig`, ``[otel]``:
+:class:`reveal_plugins.otel.config.OtelTable`, ``[fleet]``:
+:class:`reveal_plugins.fleet.config.FleetConfig`, ``[prometheus]``:
+:class:`reveal_plugins.otel.prometheus.PrometheusTable`) and reads it with :func:`table`, which
 validates it with that model: an unknown key or a bad value is an error naming the file, the
 table, the key and the value.  ``reveal config show`` prints what is in force and from where.
 """

@@ -94,8 +94,10 @@ def test_explicitly_disabled(tmp_path):
 @pytest.mark.parametrize("text, needle", [
     ('[otel]\nprotocol = "http/json"\n', "protocol = 'http/json'"),
     ('[otel]\nendpoint = "collector:4318"\n', "endpoint = 'collector:4318'"),
-    ('[otel]\nbudget_s = -1\n', "budget_s = -1"),
-    ('[otel]\nendpont = "http://x:1"\n', "unknown key(s) ['endpont']"),
+    ('[otel]\nbudget_s = -1\n', "[otel] key 'budget_s' = -1: Input should be greater than 0"),
+    ('[otel]\nendpont = "http://x:1"\n', "[otel] unknown key 'endpont' (known: budget_s,"),
+    ('[otel]\nmax_evidence = "many"\n', "[otel] key 'max_evidence' = 'many': Input should"),
+    ('[otel]\nendpoint = 4318\n', "[otel] key 'endpoint' = 4318: Input should be a valid"),
     ('[otel\n', "not valid TOML"),
 ])
 def test_bad_file_values_name_file_key_and_value(tmp_path, text, needle):
@@ -103,6 +105,18 @@ def test_bad_file_values_name_file_key_and_value(tmp_path, text, needle):
     with pytest.raises(OtelConfigError) as e:
         load_config(environ={}, config_file=path)
     assert path in str(e.value) and needle in str(e.value)
+
+
+def test_the_file_model_and_the_effective_settings_agree():
+    """[otel] is typed by OtelTable and applied to OtelConfig: one key set, one default each
+    (docs/config.md and ``reveal config show`` list the table from the model)."""
+    import dataclasses
+
+    from reveal_plugins.otel.config import OtelConfig, OtelTable
+    cfg = OtelConfig()
+    assert {f.name for f in dataclasses.fields(cfg)} - {"source"} == set(OtelTable.model_fields)
+    for name, f in OtelTable.model_fields.items():
+        assert f.get_default(call_default_factory=True) == getattr(cfg, name), name
 
 
 def test_bad_env_value_names_the_variable(tmp_path):

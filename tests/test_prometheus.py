@@ -33,9 +33,12 @@ def conf(tmp_path, text):
     ('listen = "10.1.2.3:9464"\nplaintext = true\n', "without TLS refused"),
     ('listen = "localhost:9464"\nplaintext = true\n', "HOST must be an IP address"),
     ('listen = "127.0.0.1"\n', "expected HOST:PORT"),
-    ('listen = "127.0.0.1:9464"\nplaintext = "yes"\n', "plaintext = 'yes'"),
+    ('listen = "127.0.0.1:9464"\nplaintext = "yes"\n',
+     r"\[prometheus\] key 'plaintext' = 'yes': Input should be a valid boolean"),
+    ('listen = 9464\n', r"\[prometheus\] key 'listen' = 9464: Input should be a valid string"),
     ('listen = "0.0.0.0:9464"\ntls_cert = "/x.pem"\n', "needs all of"),
-    ('lisen = "127.0.0.1:9464"\n', r"unknown key\(s\) \['lisen'\]"),
+    ('lisen = "127.0.0.1:9464"\n',
+     r"reveal.toml: \[prometheus\] unknown key 'lisen' \(known: client_ca, listen, "),
 ])
 def test_unsafe_or_invalid_settings_are_refused_with_the_reason(tmp_path, text, match):
     with pytest.raises(PrometheusConfigError, match=match):

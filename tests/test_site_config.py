@@ -36,12 +36,25 @@ def _reveal(args, env_extra, timeout=120):
     ("[slurm]\nepilog_budget = 2\n", "[slurm] unknown key 'epilog_budget' (known: "),
     ("[slurm]\ndefault_mode = 'loud'\n", "[slurm] key 'default_mode' = 'loud'"),
     ("[otle]\nendpoint = 'http://x'\n", "unknown table [otle]"),
+    ("[otel]\nendpont = 'http://x:4318'\n", "[otel] unknown key 'endpont' (known: "),
+    ("[otel]\nbudget_s = 0\n", "[otel] key 'budget_s' = 0: Input should be greater than 0"),
+    ("[fleet]\ntls_kye = '/k.pem'\n", "[fleet] unknown key 'tls_kye' (known: tls_ca_file, "),
+    ("[fleet]\ntls_cert = 5\n", "[fleet] key 'tls_cert' = 5: Input should be a valid string"),
+    ("[prometheus]\nlisten = 9464\n", "[prometheus] key 'listen' = 9464"),
+    ("[prometheus]\nplain_text = true\n", "[prometheus] unknown key 'plain_text' (known: "),
 ])
 def test_a_typo_is_an_error_naming_file_table_key_and_value(tmp_path, text, needle):
     path = _write(tmp_path, text)
     r = _reveal(["config", "show"], {"REVEAL_CONFIG": path})
     assert r.returncode == 2, r
     assert path in r.stderr and needle in r.stderr, r.stderr
+
+
+def test_a_typo_in_fleet_stops_the_fleet_pass_before_anything_starts(tmp_path):
+    from reveal_plugins.fleet.dask_runtime import FleetRuntimeError, cluster_security
+    path = _write(tmp_path, "[fleet]\ntls_ca_fle = '/etc/reveal/ca.pem'\n")
+    with pytest.raises(FleetRuntimeError, match=r"\[fleet\] unknown key 'tls_ca_fle'"):
+        cluster_security(scheduler="tls://10.0.0.1:8786", config_file=path)
 
 
 def test_a_typo_in_detect_stops_reveal_analyze(tmp_path, synth_run):

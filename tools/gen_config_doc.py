@@ -16,18 +16,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUT = os.path.join(ROOT, "docs", "config.md")
 sys.path.insert(0, ROOT)
 
-FLEET = {"tls_ca_file": "CA (PEM) that signed the fleet cluster's certificates",
-         "tls_cert": "certificate (PEM) of the fleet pass, its scheduler and workers",
-         "tls_key": "its private key (PEM; not readable by others)"}
-PROMETHEUS = {"listen": ("", "`HOST:PORT` (an IP address) of the agent's `/metrics` endpoint; "
-                             "unset: no endpoint"),
-              "tls_cert": ("", "server certificate (PEM)"),
-              "tls_key": ("", "its private key (PEM)"),
-              "client_ca": ("", "CA (PEM) whose certificates scrapers must present (mutual "
-                                "TLS)"),
-              "plaintext": ("false", "`true`: plain HTTP, allowed only on a loopback address")}
-
-
 def _comments(cls) -> dict[str, str]:
     out = {}
     for line in inspect.getsource(cls).splitlines():
@@ -84,7 +72,10 @@ def _type(f) -> str:
     import typing
     if typing.get_origin(f.annotation) is typing.Literal:
         return "str"
-    return getattr(f.annotation, "__name__", str(f.annotation)).replace("typing.", "")
+    name = getattr(f.annotation, "__name__", None) if not typing.get_args(f.annotation) \
+        else None
+    return (name or str(f.annotation)).replace("typing.", "").replace(" | None", "") \
+        .replace(" | ", " or ")
 
 
 def model_rows(model, skip=()) -> list[str]:
@@ -111,25 +102,19 @@ def table(title: str, model, intro: str = "", skip=()) -> list[str]:
 
 
 def otel_rows() -> list[str]:
-    from reveal_plugins.otel.config import ENV_MAP, FILE_KEYS, OtelConfig
-    com = _comments(OtelConfig)
+    """[otel] from its model, with the variables that win over each key."""
+    from reveal_plugins.otel.config import ENV_MAP, OtelTable
     env: dict[str, list[str]] = {}
     for var, key in ENV_MAP:
         env.setdefault(key, []).append(f"`{var}`")
-    rows = []
-    for f in dataclasses.fields(OtelConfig):
-        if f.name not in FILE_KEYS:
-            continue
-        rows.append(f"| `{f.name}` | {_default(f)} | {', '.join(env.get(f.name, []))} | "
-                    f"{com.get(f.name, '')} |")
-    return rows
+    return [row[:-2] + f" | {', '.join(env.get(name, []))} |"
+            for name, row in zip(OtelTable.model_fields, model_rows(OtelTable))]
 
 
 def render() -> str:
-    from reveal_plugins.fleet.dask_runtime import TLS_KEYS
-    from reveal_plugins.otel.prometheus import KEYS
+    from reveal_plugins.fleet.config import FleetConfig
+    from reveal_plugins.otel.prometheus import PrometheusTable
     from reveal_plugins.site_config import KNOWN_TABLES
-    assert set(FLEET) == set(TLS_KEYS) and set(PROMETHEUS) == KEYS, "update tools/gen_config_doc.py"
     from reveal_plugins.agent.settings import AgentConfig
     from reveal_plugins.detect.config import (DetectConfig, LiveConfig, LivePeersConfig,
                                               PeersConfig)
@@ -184,29 +169,16 @@ def render() -> str:
         "Precedence: command-line overrides, then the `OTEL_*` variables, then this table, then "
         "the default ([otel.md](otel.md)). Export is off until an endpoint is set.",
         "",
-        "| key | default | variable | meaning |",
-        "| --- | --- | --- | --- |",
+        "| key | type | default | allowed | meaning | variable |",
+        "| --- | --- | --- | --- | --- | --- |",
         *otel_rows(),
         "",
-        "### [fleet]",
-        "",
-        "TLS of the fleet pass's Dask cluster ([fleet.md](fleet.md)); the `--tls-*` options "
-        "win.",
-        "",
-        "| key | meaning |",
-        "| --- | --- |",
-        *[f"| `{k}` | {v} |" for k, v in FLEET.items()],
-        "",
-        "### [prometheus]",
-        "",
-        "The node agent's `/metrics` endpoint ([prometheus.md](prometheus.md)); "
-        "`REVEAL_PROMETHEUS=HOST:PORT` sets `listen`. Any address needs `tls_cert`, `tls_key` "
-        "and `client_ca`, except a loopback address with `plaintext = true`.",
-        "",
-        "| key | default | meaning |",
-        "| --- | --- | --- |",
-        *[f"| `{k}` | {d or '(unset)'} | {v} |" for k, (d, v) in PROMETHEUS.items()],
-        "",
+        *table("[fleet]", FleetConfig, "TLS of the fleet pass's Dask cluster "
+               "([fleet.md](fleet.md)); the `--tls-*` options win."),
+        *table("[prometheus]", PrometheusTable, "The node agent's `/metrics` endpoint "
+               "([prometheus.md](prometheus.md)); `REVEAL_PROMETHEUS=HOST:PORT` sets `listen`. "
+               "Any address needs `tls_cert`, `tls_key` and `client_ca`, except a loopback "
+               "address with `plaintext = true`."),
     ]
     return "\n".join(lines)
 

@@ -107,16 +107,22 @@ def _otel() -> list[dict[str, Any]]:
     return rows
 
 
-def _raw_table(name: str) -> list[dict[str, Any]]:
+def _fleet() -> list[dict[str, Any]]:
     from .. import site_config
-    path = site_config.path_in_force()
-    sec = site_config.read(path).get(name, {}) if path else {}
-    return [{"key": k, "value": v, "source": path} for k, v in sec.items()] or [
-        {"key": "(none set)", "value": None, "source": DEFAULT}]
+    from ..fleet.config import FleetConfig
+    model, path = site_config.table("fleet", FleetConfig)
+    return _model_rows(model, path)
+
+
+def _prometheus() -> list[dict[str, Any]]:
+    from .. import site_config
+    from ..otel.prometheus import PrometheusTable
+    model, path = site_config.table("prometheus", PrometheusTable)
+    return _model_rows(model, path, {"listen": "REVEAL_PROMETHEUS"})
 
 
 TABLES = {"agent": _agent, "detect": _detect, "slurm": _slurm, "otel": _otel,
-          "fleet": lambda: _raw_table("fleet"), "prometheus": lambda: _raw_table("prometheus")}
+          "fleet": _fleet, "prometheus": _prometheus}
 
 
 def show(only: str | None = None) -> dict[str, Any]:

@@ -29,6 +29,7 @@ import tempfile
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from ..report.progress import Progress
+from .config import TLS_KEYS
 
 
 class FleetRuntimeError(RuntimeError):
@@ -58,27 +59,17 @@ def add_options(ap: argparse.ArgumentParser) -> None:
                    "the scheduler or a worker runs code as the fleet pass's user")
 
 
-TLS_KEYS = ("tls_ca_file", "tls_cert", "tls_key")
-
-
 def _config_tls(path: str | None = None) -> tuple[dict[str, str], str | None]:
-    """The ``[fleet]`` table of ``$REVEAL_CONFIG`` / ``/etc/reveal/reveal.toml`` (only TLS
-    keys so far) and the file it came from; root reads it only if it passes the trust rule."""
+    """The ``[fleet]`` table of ``$REVEAL_CONFIG`` / ``/etc/reveal/reveal.toml`` (its TLS
+    keys that are set) and the file it came from; root reads it only if it passes the trust
+    rule."""
     from .. import site_config
+    from .config import FleetConfig
     try:
-        path = path or site_config.path_in_force()
-        if not path:
-            return {}, None
-        sec = site_config.read(path).get("fleet", {})
+        cfg, path = site_config.table("fleet", FleetConfig, path)
     except site_config.SiteConfigError as e:
         raise FleetRuntimeError(str(e)) from None
-    if not isinstance(sec, dict):
-        raise FleetRuntimeError(f"{path}: 'fleet' must be a table ([fleet])")
-    bad = sorted(k for k in sec if k not in TLS_KEYS or not isinstance(sec[k], str))
-    if bad:
-        raise FleetRuntimeError(f"{path}: [fleet] unknown key(s) or non-string value(s) {bad}; "
-                                f"known: {list(TLS_KEYS)}")
-    return sec, path
+    return cfg.model_dump(exclude_none=True), path
 
 
 def cluster_security(scheduler: str | None = None, slurm_workers: int | None = None,

@@ -24,6 +24,8 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from ..site_config import DEFAULT_PATH as DEFAULT_CONFIG_FILE  # noqa: F401  (re-exported)
 
 PROTOCOLS = ("http/protobuf", "grpc")
@@ -245,11 +247,230 @@ def _resource_attrs(where: str, key: str, v: Any) -> dict[str, str]:
 
 # -- the config file ------------------------------------------------------------------------
 
-FILE_KEYS = {
-    "enabled", "endpoint", "traces_endpoint", "metrics_endpoint", "protocol", "headers",
-    "timeout_s", "budget_s", "compression", "insecure", "certificate", "service_name",
-    "resource_attributes", "metrics", "metrics_interval_s", "max_evidence", "max_anomalies",
-}
+class OtelTable(BaseModel):
+    """Keys of ``[otel]`` as the file may write them (types checked here, values -- URLs,
+    choices, ranges -- by :func:`load_config`, which applies the same checks to the ``OTEL_*``
+    variables).  Lax types: ``timeout_s = "5"`` and ``insecure = "yes"`` are read as meant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="false: no export even with an endpoint set")
+    endpoint: str | None = Field(None, description="OTLP base URL, e.g. "
+                                 "http://collector:4318")
+    traces_endpoint: str | None = Field(None, description="full URL for traces, used as is")
+    metrics_endpoint: str | None = Field(None, description="full URL for metrics, used as is")
+    protocol: str = Field("http/protobuf", description="http/protobuf or grpc")
+    headers: dict[str, str] | str = Field({}, description="request headers (credentials): "
+                                          "a table or k1=v1,k2=v2")
+    timeout_s: float = Field(10.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                             description="one request when nobody waits (re-export, "
+                             "metrics), seconds")
+    budget_s: float = Field(1.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                            description="the most a job end waits for its export, seconds "
+                            "(a detached analysis waits timeout_s)")
+    compression: str = Field("none", description="none or gzip")
+    insecure: bool | None = Field(None, description="gRPC only; unset: decided from the URL "
+                                  "scheme")
+    certificate: str | None = Field(None, description="CA bundle (PEM) for https/TLS "
+                                    "endpoints")
+    service_name: str = Field("reveal", description="service.name of the traces and metrics")
+    resource_attributes: dict[str, str] | str = Field({}, description="extra resource "
+                                                      "attributes: a table or k1=v1,k2=v2")
+    metrics: bool = Field(False, description="live metrics from the node agent")
+    metrics_interval_s: float = Field(10.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                                      description="seconds between live metric exports")
+    max_evidence: int = 5                    # evidence channels put on an anomaly span
+    max_anomalies: int = 200                 # anomaly spans per run (highest scores first)
+    source: str = "defaults"                 # where the endpoint came from (for messages)
+
+    @property
+    def display_endpoint(self) -> str:
+        """The endpoint traces go to, for log lines (credentials redacted)."""
+        return redact_url(self.signal_endpoint("traces")) if self.enabled else "(export off)"
+
+    def secrets(self) -> list[str]:
+        """The credential strings of this configuration (URL user info, sensitive query
+        values, header values: all of them, whatever their name), longest first: what :meth:`redact` removes."""
+        out: set[str] = set()
+        for url in (self.endpoint, self.traces_endpoint, self.metrics_endpoint):
+            if not url:
+                continue
+            u = urllib.parse.urlsplit(url)
+            if "@" in u.netloc:
+                info = u.netloc.rpartition("@")[0]
+                user, colon, pw = info.partition(":")
+                out.update((info, pw) if colon else (info,))   # no password: user is a token
+            for k, eq, x in (p.partition("=") for p in u.query.split("&")):
+                out.add(x if eq else k)
+            if u.query:
+                out.add(u.query)
+        out.update(v for v in self.headers.values() if v)
+        out |= {urllib.parse.unquote(x) for x in out} | {urllib.parse.quote(x) for x in out}
+        out.update(p for v in list(out) for p in v.split() if len(p) >= 8)   # "Bearer <tok>"
+        return sorted((x for x in out if len(x) >= 3), key=len, reverse=True)
+
+    def redact(self, text: str | None) -> str | None:
+        """``text`` (an error message, a log line) with every credential replaced by ***."""
+        if not text:
+            return text
+        for x in self.secrets():
+            text = text.replace(x, REDACTED)
+        return re.sub(r"(?<=//)[^/\s@'\"]+@", REDACTED + "@", text)
+
+    def signal_endpoint(self, signal: str) -> str:
+        """URL (http) or target (grpc) for ``signal`` in ``traces`` | ``metrics``."""
+        explicit = self.traces_endpoint if signal == "traces" else self.metrics_endpoint
+        if explicit:
+            return explicit
+        base = self.endpoint or (f"http://localhost:{DEFAULT_GRPC_PORT}" if self.protocol == "grpc"
+                                 else f"http://localhost:{DEFAULT_HTTP_PORT}")
+        if self.protocol == "grpc":
+            return base
+        return base.rstrip("/") + f"/v1/{signal}"
+
+    def grpc_insecure(self, signal: str = "traces") -> bool:
+        if self.insecure is not None:
+            return self.insecure
+        return not self.signal_endpoint(signal).lower().startswith("https://")
+
+    def replace(self, **kw: Any) -> "OtelConfig":
+        return dataclasses.replace(self, **kw)
+
+
+# -- parsing helpers --------------------------------------------------------------------------
+
+def _bool(where: str, key: str, v: Any) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off", ""):
+        return False
+    raise OtelConfigError(f"{where}: {key} = {v!r}: expected true or false")
+
+
+#: Upper bound of every number option: a day (seconds) or a million (counts).  ``inf`` or a
+#: huge value would make a wait never end or raise OverflowError deep inside threading.
+MAX_NUMBER = 86400.0
+
+
+def _float(where: str, key: str, v: Any, minimum: float = 0.0,
+           maximum: float = MAX_NUMBER) -> float:
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise OtelConfigError(f"{where}: {key} = {v!r}: expected a number") from None
+    if not math.isfinite(f):
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be a finite number")
+    if not f > minimum:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be greater than {minimum:g}")
+    if f > maximum:
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be at most {maximum:g}")
+    return f
+
+
+def _env_timeout(name: str, raw: str) -> float:
+    """``OTEL_EXPORTER_OTLP_TIMEOUT`` is milliseconds by the OTel specification; older Python
+    SDKs read it as seconds, so a value of at most 60 is taken as seconds."""
+    f = _float(f"environment variable {name}", name, raw, maximum=MAX_NUMBER * 1000)
+    return f if f <= 60 else f / 1000.0
+
+
+def _protocol(where: str, key: str, v: Any) -> str:
+    s = str(v).strip().lower()
+    if s == "http":
+        s = "http/protobuf"
+    if s not in PROTOCOLS:
+        hint = " (http/json is not supported by the Python OTLP exporters)" if s == "http/json" else ""
+        raise OtelConfigError(f"{where}: {key} = {v!r}: must be one of {', '.join(PROTOCOLS)}{hint}")
+    return s
+
+
+def _endpoint(where: str, key: str, v: Any) -> str:
+    s = str(v).strip()
+    shown = redact_url(s)
+    try:
+        u = urllib.parse.urlsplit(s)
+        u.port
+    except ValueError:
+        raise OtelConfigError(f"{where}: {key} = {shown!r}: bad port or address") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise OtelConfigError(f"{where}: {key} = {shown!r}: expected a URL like "
+                              "http://collector:4318")
+    return s
+
+
+def parse_headers(where: str, key: str, v: Any) -> dict[str, str]:
+    """``k1=v1,k2=v2`` (URL-encoded values, as in ``OTEL_EXPORTER_OTLP_HEADERS``) or a mapping."""
+    if isinstance(v, Mapping):
+        return {str(k).strip().lower(): str(x) for k, x in v.items()}
+    out: dict[str, str] = {}
+    for n, part in enumerate(str(v).split(","), 1):
+        if not part.strip():
+            continue
+        if "=" not in part:
+            # Never echo the text: it is likely "authorization: Bearer <token>".
+            name = re.split(r"[\s:]", part.strip(), maxsplit=1)[0][:40]
+            raise OtelConfigError(f"{where}: {key}: entry {n} (starting {name!r}) is not "
+                                  "key=value (values are not shown: they are often "
+                                  "credentials)")
+        k, _, x = part.partition("=")
+        k = urllib.parse.unquote(k).strip().lower()
+        if not k:
+            raise OtelConfigError(f"{where}: {key}: entry {n} has an empty header name")
+        out[k] = urllib.parse.unquote(x).strip()
+    return out
+
+
+def _resource_attrs(where: str, key: str, v: Any) -> dict[str, str]:
+    if isinstance(v, Mapping):
+        return {str(k): str(x) for k, x in v.items()}
+    return parse_headers(where, key, v)
+
+
+# -- the config file ------------------------------------------------------------------------
+
+class OtelTable(BaseModel):
+    """Keys of ``[otel]`` as the file may write them (types checked here, values -- URLs,
+    choices, ranges -- by :func:`load_config`, which applies the same checks to the ``OTEL_*``
+    variables).  Lax types: ``timeout_s = "5"`` and ``insecure = "yes"`` are read as meant."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="false: no export even with an endpoint set")
+    endpoint: str | None = Field(None, description="OTLP base URL, e.g. "
+                                 "http://collector:4318")
+    traces_endpoint: str | None = Field(None, description="full URL for traces, used as is")
+    metrics_endpoint: str | None = Field(None, description="full URL for metrics, used as is")
+    protocol: str = Field("http/protobuf", description="http/protobuf or grpc")
+    headers: dict[str, str] | str = Field({}, description="request headers (credentials): "
+                                          "a table or k1=v1,k2=v2")
+    timeout_s: float = Field(10.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                             description="one request when nobody waits (re-export, "
+                             "metrics), seconds")
+    budget_s: float = Field(1.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                            description="the most a job end waits for its export, seconds "
+                            "(a detached analysis waits timeout_s)")
+    compression: str = Field("none", description="none or gzip")
+    insecure: bool | None = Field(None, description="gRPC only; unset: decided from the URL "
+                                  "scheme")
+    certificate: str | None = Field(None, description="CA bundle (PEM) for https/TLS "
+                                    "endpoints")
+    service_name: str = Field("reveal", description="service.name of the traces and metrics")
+    resource_attributes: dict[str, str] | str = Field({}, description="extra resource "
+                                                      "attributes: a table or k1=v1,k2=v2")
+    metrics: bool = Field(False, description="live metrics from the node agent")
+    metrics_interval_s: float = Field(10.0, gt=0, le=MAX_NUMBER, allow_inf_nan=False,
+                             description="seconds between "
+                                      "live metric exports")
+    max_evidence: int = Field(5, gt=0, le=1_000_000, description="evidence channels put on an "
+                              "anomaly span")
+    max_anomalies: int = Field(200, gt=0, le=1_000_000, description="anomaly spans per run "
+                               "(highest scores first)")
+
+
+FILE_KEYS = set(OtelTable.model_fields)
 
 
 def config_file_path(environ: Mapping[str, str] | None = None) -> str | None:
@@ -262,19 +483,14 @@ def config_file_path(environ: Mapping[str, str] | None = None) -> str | None:
 
 
 def read_file_section(path: str) -> dict[str, Any]:
-    """The ``[otel]`` table of a TOML file ({} when absent); unknown keys are an error."""
+    """The keys the ``[otel]`` table of a TOML file sets ({} when absent), validated by
+    :class:`OtelTable`: an unknown key or a wrong type names the file, key and value."""
     from .. import site_config
     try:
-        data = site_config.read(path)
+        table, _ = site_config.table("otel", OtelTable, path)
     except site_config.SiteConfigError as e:
         raise OtelConfigError(str(e)) from None
-    sec = data.get("otel", {})
-    if not isinstance(sec, dict):
-        raise OtelConfigError(f"{path}: 'otel' must be a table ([otel])")
-    unknown = sorted(set(sec) - FILE_KEYS)
-    if unknown:
-        raise OtelConfigError(f"{path}: [otel] unknown key(s) {unknown}; known: {sorted(FILE_KEYS)}")
-    return sec
+    return table.model_dump(exclude_unset=True)
 
 
 def _apply(cfg: OtelConfig, where: str, values: Mapping[str, Any]) -> None:

@@ -29,9 +29,27 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 log = logging.getLogger(__name__)
 
-KEYS = {"listen", "tls_cert", "tls_key", "client_ca", "plaintext"}
+
+class PrometheusTable(BaseModel):
+    """Keys of ``[prometheus]`` (``$REVEAL_PROMETHEUS`` wins over ``listen``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+    listen: str | None = Field(None, description="HOST:PORT of /metrics; HOST an IP address "
+                               "(unset: no endpoint)")
+    tls_cert: str | None = Field(None, description="server certificate (PEM)")
+    tls_key: str | None = Field(None, description="its private key (PEM)")
+    client_ca: str | None = Field(None, description="only scrapers with a certificate from "
+                                  "this CA (mutual TLS)")
+    plaintext: bool = Field(False, description="without TLS, allowed on a loopback address "
+                            "only (every local user can then read it)")
+
+
+KEYS = set(PrometheusTable.model_fields)
 
 
 class PrometheusConfigError(ValueError):
@@ -79,13 +97,10 @@ def load_prometheus_config(config_file: str | None = None,
     if path:
         from .. import site_config
         try:
-            sec = dict(site_config.read(path).get("prometheus") or {})
+            table, _ = site_config.table("prometheus", PrometheusTable, path)
         except site_config.SiteConfigError as e:
             raise PrometheusConfigError(str(e)) from None
-        unknown = sorted(set(sec) - KEYS)
-        if unknown:
-            raise PrometheusConfigError(f"{path}: [prometheus] unknown key(s) {unknown}; "
-                                        f"known: {sorted(KEYS)}")
+        sec = table.model_dump(exclude_unset=True)
     where = f"{path} [prometheus]" if sec else ""
     if env.get("REVEAL_PROMETHEUS"):
         sec["listen"], where = env["REVEAL_PROMETHEUS"], "REVEAL_PROMETHEUS"
@@ -94,9 +109,7 @@ def load_prometheus_config(config_file: str | None = None,
             raise PrometheusConfigError(f"{where}: no listen = \"HOST:PORT\"")
         return None
     host, port = _listen(where, sec["listen"])
-    plaintext = sec.get("plaintext", False)
-    if not isinstance(plaintext, bool):
-        raise PrometheusConfigError(f"{where}: plaintext = {plaintext!r}: must be true or false")
+    plaintext = bool(sec.get("plaintext", False))
     cfg = PrometheusConfig(host, port, sec.get("tls_cert"), sec.get("tls_key"),
                            sec.get("client_ca"), plaintext, where)
     tls = [cfg.tls_cert, cfg.tls_key, cfg.client_ca]
