@@ -207,3 +207,45 @@ def test_incremental_features_can_be_turned_off(tmp_path, monkeypatch):
     fw = feature_writer(str(tmp_path), [], 0.1)
     assert fw is not None
     fw.close()
+
+
+def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp_path):
+    """Issue 21, cost of watching: a 10-s feature file carried its names and per-channel sums
+    twice (in the Arrow schema copy too) -- four fifths of its bytes.  The metadata is now
+    written once, deflated; the numbers read back bit for bit, and a run featurized by the
+    previous release (``reveal.features/1``) is still read, not recomputed."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from reveal_plugins.detect.longrun import featstore
+    d, _ = run
+    fs = FeatureStore.for_run(d, create=True)
+    fs.clear()
+    fs.update(d, _metas(d), 0.1, 3.0, 1.0)
+    _, _, path = fs.files()[3]                       # one single-segment (10 s) file
+    meta = pq.read_metadata(path)
+    ch, names = read(path), featstore.read_names(path)
+    assert meta.metadata[b"reveal"] == b"reveal.features/2"
+    assert b"ARROW:schema" not in meta.metadata
+
+    # the same chunk as the previous release wrote it: metadata plain, in the schema
+    c, cf = len(names), ch.stats["std"].shape[1]
+    cols = [pa.array(ch.start), pa.array(ch.count.astype(np.int32)), pa.array(ch.valid)]
+    cols += [pa.FixedSizeListArray.from_arrays(
+        pa.array(np.ascontiguousarray(ch.stats[s], np.float32).reshape(-1)),
+        c if s == "mean" else cf) for s in featstore.STATS]
+    old_md = dict(meta.metadata)
+    old_md.update({b"reveal": b"reveal.features/1", b"names": json.dumps(names).encode(),
+                   b"colstats": ch.colstats.tobytes()})
+    old = str(tmp_path / os.path.basename(path))
+    pq.write_table(pa.Table.from_arrays(
+        cols, names=["start", "count", "valid", *featstore.STATS]).replace_schema_metadata(
+        old_md), old, compression="zstd", compression_level=1, write_statistics=False)
+    assert os.path.getsize(path) < 0.6 * os.path.getsize(old), (os.path.getsize(path),
+                                                                os.path.getsize(old))
+    back = read(old)
+    assert featstore.read_names(old) == names
+    assert featstore.read_info(old) == featstore.read_info(path)
+    for s in ch.stats:
+        assert np.array_equal(back.stats[s], ch.stats[s], equal_nan=True), s
+    assert np.array_equal(back.colstats, ch.colstats) and np.array_equal(back.start, ch.start)
