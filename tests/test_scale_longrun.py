@@ -211,9 +211,9 @@ def test_incremental_features_can_be_turned_off(tmp_path, monkeypatch):
 
 def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp_path):
     """Issue 21, cost of watching: a 10-s feature file carried its names and per-channel sums
-    twice (in the Arrow schema copy too) -- four fifths of its bytes.  The metadata is now
-    written once, deflated; the numbers read back bit for bit, and a run featurized by the
-    previous release (``reveal.features/1``) is still read, not recomputed."""
+    twice (in the Arrow schema copy too) -- four fifths of its bytes.  The sums are now written
+    once, deflated, the names once a run beside the files; the numbers read back bit for bit,
+    and a run featurized by the previous release (``reveal.features/1``) is still read."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -226,7 +226,9 @@ def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp
     meta = pq.read_metadata(path)
     ch, names = read(path), featstore.read_names(path)
     assert meta.metadata[b"reveal"] == b"reveal.features/2"
-    assert b"ARROW:schema" not in meta.metadata
+    assert b"ARROW:schema" not in meta.metadata and b"names" not in meta.metadata
+    sidecars = [n for n in os.listdir(fs.path) if n.startswith("names-")]
+    assert sidecars == [f"names-{meta.metadata[b'names_sha'].decode()}.json.z"]  # once a run
 
     # the same chunk as the previous release wrote it: metadata plain, in the schema
     c, cf = len(names), ch.stats["std"].shape[1]
@@ -249,3 +251,14 @@ def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp
     for s in ch.stats:
         assert np.array_equal(back.stats[s], ch.stats[s], equal_nan=True), s
     assert np.array_equal(back.colstats, ch.colstats) and np.array_equal(back.start, ch.start)
+
+    # the names file gone (or swapped for a symlink): the file is unreadable, not misread
+    side = os.path.join(fs.path, sidecars[0])
+    os.rename(side, side + ".away")
+    os.symlink(side + ".away", side)
+    with pytest.raises(featstore.FeatureFileError, match="names"):
+        read(path)
+    os.unlink(side)
+    with pytest.raises(featstore.FeatureFileError, match="missing"):
+        read(path)
+    os.rename(side + ".away", side)

@@ -10,13 +10,15 @@ samples).
 
 Layout: ``start`` float64, ``count`` int32, ``valid`` bool, and one ``list<float32>`` column
 per statistic (``mean``, ``std``, ``min``, ``max``, ``slope``; one value per prepared channel,
-in the order of the metadata's ``names``), byte-stream-split and zstd.  The metadata is the
-file's own key-value metadata, ``names`` (JSON) and ``colstats`` (float64) deflated, and no
-Arrow schema: a copy of it with the metadata inside was four fifths of each 10-s file
-(``reveal.features/1``, still read).
+in the order of the channel names), byte-stream-split and zstd.  The metadata is the file's
+own key-value metadata with ``colstats`` (float64) deflated, and no Arrow schema: a copy of it
+with the metadata inside was four fifths of each 10-s file (``reveal.features/1``, still read).
+The channel names, the same for every file of a run, are written once beside them
+(``names-<sha256[:16]>.json.z``, deflated JSON); a file names the list by its hash.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +47,9 @@ FORMAT = "reveal.features/2"
 #: Formats read: /1 kept its metadata uncompressed in the Arrow schema.
 FORMATS = (FORMAT.encode(), b"reveal.features/1")
 FILE_RE = re.compile(r"^feat-(\d{6})-(\d{6})\.parquet$")
+NAMES_RE = re.compile(r"^names-([0-9a-f]{16})\.json\.z$")
+#: A names file larger than this is not read (a run has a few thousand channels).
+MAX_NAMES_BYTES = 4 << 20
 #: Single-segment files merged into one (360 x 10 s = one hour).
 GROUP = 360
 
@@ -64,6 +69,7 @@ class FeatureStore:
         self.sync = sync
         self._f: Featurizer | None = None      # featurizer kept between agent calls
         self._f_last: int | None = None
+        self._names_written: set[str] = set()
 
     @classmethod
     def for_run(cls, run_dir: str, create: bool = False, sync: bool = True) -> "FeatureStore":
@@ -93,7 +99,7 @@ class FeatureStore:
         dfd = open_dir(self.path)
         try:
             for n in os.listdir(dfd):
-                if FILE_RE.match(n):
+                if FILE_RE.match(n) or NAMES_RE.match(n):
                     os.unlink(n, dir_fd=dfd)
         finally:
             os.close(dfd)
@@ -146,7 +152,7 @@ class FeatureStore:
                             for s in STATS])
         table = pa.Table.from_arrays(cols, schema=schema)
         meta = {b"reveal": FORMAT.encode(), b"info": json.dumps(info).encode(),
-                b"names": zlib.compress(json.dumps(names).encode(), 9),
+                b"names_sha": self._write_names(names).encode(),
                 b"colstats": zlib.compress(np.ascontiguousarray(ch.colstats,
                                                                 np.float64).tobytes(), 9)}
         name = f"feat-{a:06d}-{b:06d}.parquet"
@@ -159,6 +165,18 @@ class FeatureStore:
                 w.write_table(table)
                 w.add_key_value_metadata(meta)
         return os.path.join(self.path, name)
+
+    def _write_names(self, names: list[str]) -> str:
+        """The names file of ``names`` (written once per run and list); returns its hash."""
+        blob = json.dumps(names).encode()
+        sha = hashlib.sha256(blob).hexdigest()[:16]
+        fname = f"names-{sha}.json.z"
+        if sha not in self._names_written and not os.path.isfile(os.path.join(self.path,
+                                                                              fname)):
+            with atomic_file(self.path, fname, 0o640, sync=self.sync) as f:
+                f.write(zlib.compress(blob, 9))
+        self._names_written.add(sha)
+        return sha
 
     def compact(self, seqs: Sequence[int], names: list[str], group: int = GROUP) -> None:
         """Merge every complete run of ``group`` single-segment files into one file."""
@@ -236,14 +254,33 @@ class FeatureStore:
 
 
 def _metadata(path: str, meta: object = None) -> dict[bytes, bytes]:
-    """The file's metadata, ``names`` and ``colstats`` as written by /1 (plain)."""
+    """The file's metadata, ``names`` and ``colstats`` as written by /1 (plain JSON and
+    float64 bytes)."""
     md = dict((meta or pq.read_metadata(path)).metadata or {})   # type: ignore[attr-defined]
     if md.get(b"reveal") not in FORMATS:
         raise FeatureFileError(f"{path}: not a reveal feature file")
     if md[b"reveal"] != b"reveal.features/1":
-        md[b"names"] = zlib.decompress(md[b"names"])
+        md[b"names"] = _read_names_file(path, md[b"names_sha"].decode())
         md[b"colstats"] = zlib.decompress(md[b"colstats"])
     return md
+
+
+def _read_names_file(path: str, sha: str) -> bytes:
+    """The names a feature file refers to, from the file beside it (no symlink followed, size
+    bounded, content checked against its hash)."""
+    name = os.path.join(os.path.dirname(path), f"names-{sha}.json.z")
+    if not NAMES_RE.match(os.path.basename(name)):
+        raise FeatureFileError(f"{path}: bad names reference {sha!r}")
+    try:
+        fd, _ = store.open_regular(name, MAX_NAMES_BYTES, "feature names", nofollow_dir=True)
+    except FileNotFoundError:
+        raise FeatureFileError(f"{path}: its names file {name} is missing") from None
+    with os.fdopen(fd, "rb") as f:
+        d = zlib.decompressobj()
+        blob = d.decompress(f.read(), MAX_NAMES_BYTES * 8)
+    if d.unconsumed_tail or hashlib.sha256(blob).hexdigest()[:16] != sha:
+        raise FeatureFileError(f"{name}: does not match its hash (or too large)")
+    return blob
 
 
 def read_info(path: str) -> dict:
