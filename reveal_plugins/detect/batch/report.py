@@ -77,8 +77,9 @@ def verdict_status(notes: list[str], samples: int) -> tuple[str, str | None]:
     """``(status, status_reason)`` of a finished detection from its notes: ``failed`` when no
     detector ran, ``not_analysed`` when no window could be judged (too short, too gappy, no
     or unreadable telemetry), ``partial`` when part of the input or analysis was lost."""
-    if any(n.startswith("no detector ran") for n in notes):
-        return "failed", next(n for n in notes if n.startswith("no detector ran"))
+    from .model import NO_DETECTOR
+    if NO_DETECTOR in notes:
+        return "failed", NO_DETECTOR
     unreadable = [n.split(": skipped unreadable segment")[0] for n in notes
                   if "skipped unreadable segment" in n]
     if samples == 0:

@@ -400,7 +400,7 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     if fsup:
         an["foreign"] = foreign_section(fsup, events, s0, s1)
     an["step_id"] = step_of(meta, events, s0)
-    chans = {P.names[j]: {"baseline": attr._num(c_ref[j]), "observed": attr._num(observed[j]),
+    chans = {P.names[j]: {"baseline": attr.num(c_ref[j]), "observed": attr.num(observed[j]),
                           "deviation": round(float(dev[j]), 2), "unit": P.units[j]}
              for j in range(len(P.names))}
     an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": impact,
@@ -466,7 +466,7 @@ def invariant_anomalies(P: Prepared, W: WindowStage, E: EventStage, meta: dict,
               "step_id": step_of(meta, events, inv["start"]), "subsystem": "gpu",
               "score": round(float(inv["score"]), 2), "evidence": ev, "hints": [],
               "families": ["symptoms"], "invariant": inv["why"]}
-        chans = {P.names[j]: {"baseline": attr._num(c_ref[j]), "observed": attr._num(obs_v[j]),
+        chans = {P.names[j]: {"baseline": attr.num(c_ref[j]), "observed": attr.num(obs_v[j]),
                               "deviation": round(float(dev[j]), 2), "unit": P.units[j]}
                  for j in inv["channels"]}
         an["hints"] = hints_for(an, {"channels": chans, "meta": meta, "impact": None,
@@ -484,8 +484,8 @@ def foreign_evidence(fsup: list[dict], dev: np.ndarray, names: list[str], units:
         i = idx[f["channel"]]
         out.append({"channel": f["channel"], "deviation": round(float(
             dev[i] if abs(dev[i]) > 0 else 4.0 * f["excess"]), 2),
-            "baseline": attr._num(f["baseline"]), "observed": attr._num(f["observed"]),
-            "unit": units[i], "family": "foreign", "bar": attr._num(f["bar"])})
+            "baseline": attr.num(f["baseline"]), "observed": attr.num(f["observed"]),
+            "unit": units[i], "family": "foreign", "bar": attr.num(f["bar"])})
     return out
 
 

@@ -82,8 +82,6 @@ _REL_ABS = ((r"_bytes$", 1048576.0), (r"_packets$", 500.0))
 
 def symptom_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(is_symptom, direction, minimum change, absolute minimum of relative ones) per channel."""
-    import re
-
     global _SYMPTOM_RX
     if _SYMPTOM_RX is None:
         _SYMPTOM_RX = [(re.compile(p), d, m) for p, d, m in SYMPTOMS]
@@ -237,21 +235,21 @@ def evidence(dev: np.ndarray, observed: np.ndarray, center: np.ndarray, names: l
         if abs(dev[i]) < min_dev and out:
             break
         out.append({"channel": names[i], "deviation": round(float(dev[i]), 2),
-                    "baseline": _num(center[i]), "observed": _num(observed[i]),
+                    "baseline": num(center[i]), "observed": num(observed[i]),
                     "unit": units[i]})
     if prefer and out and not any(subsystem_of(e["channel"]) == prefer for e in out[:3]):
         # Put the chosen subsystem's strongest channel first so the summary reads naturally.
         for i in order:
             if subsystem_of(names[i]) == prefer:
                 e = {"channel": names[i], "deviation": round(float(dev[i]), 2),
-                     "baseline": _num(center[i]), "observed": _num(observed[i]),
+                     "baseline": num(center[i]), "observed": num(observed[i]),
                      "unit": units[i]}
                 out = [e] + [x for x in out if x["channel"] != names[i]][:top - 1]
                 break
     return out
 
 
-def _num(x: float) -> float | None:
+def num(x: float) -> float | None:
     x = float(x)
     if not np.isfinite(x):
         return None

@@ -219,7 +219,7 @@ class LiveAnalyzer:
                   dev, names, self.cfg["min_deviation"], observed, center)][:6]}
         if fsup:
             an["foreign"] = {"support": fsup}
-        chans = {names[i]: {"baseline": attr._num(center[i]), "observed": attr._num(observed[i]),
+        chans = {names[i]: {"baseline": attr.num(center[i]), "observed": attr.num(observed[i]),
                             "deviation": round(float(dev[i]), 2), "unit": units[i]}
                  for i in range(len(names))}
         an["hints"] = hints_for(an, {"channels": chans, "meta": {}, "impact": None, "facts": {},

@@ -362,10 +362,6 @@ def _offset_spread(R: np.ndarray, rows: np.ndarray, zero: np.ndarray | None = No
     return np.nan_to_num(off), np.nan_to_num(q)
 
 
-def _num(x: float) -> float | None:
-    return attr._num(x)
-
-
 def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict,
              Z, V, P, own, counted, hits, names, units, job_share, nodes) -> dict:
     """One suspect: subsystem, evidence (node value beside the peers' median), impact."""
@@ -397,16 +393,16 @@ def _suspect(s: NodeSeries, i: int, rows: np.ndarray, mid: np.ndarray, cfg: dict
         if len(ev) >= 8 or (abs(zmean[j]) < cfg["min_z"] and ev):
             break
         ev.append({"channel": names[j], "deviation": round(float(zmean[j]), 2),
-                   "observed": _num(node_v[j]), "peers": _num(peer_v[j]),
-                   "baseline": _num(peer_v[j]), "unit": units[j],
+                   "observed": attr.num(node_v[j]), "peers": attr.num(peer_v[j]),
+                   "baseline": attr.num(peer_v[j]), "unit": units[j],
                    "symptom": bool(hit_any[j])})
     if not any(attr.subsystem_of(e["channel"]) == sub for e in ev[:3]):
         for j in order:
             if attr.subsystem_of(names[j]) == sub and abs(zmean[j]) >= cfg["min_z"]:
                 ev = [e for e in ev if e["channel"] != names[j]]
                 ev.insert(0, {"channel": names[j], "deviation": round(float(zmean[j]), 2),
-                              "observed": _num(node_v[j]), "peers": _num(peer_v[j]),
-                              "baseline": _num(peer_v[j]), "unit": units[j],
+                              "observed": attr.num(node_v[j]), "peers": attr.num(peer_v[j]),
+                              "baseline": attr.num(peer_v[j]), "unit": units[j],
                               "symptom": bool(hit_any[j])})
                 break
     start, end = span(int(rows[0]), int(rows[-1]), mid, cfg["stride_s"])
