@@ -166,8 +166,9 @@ def _med(x: float | None, fmt: str = ".1f") -> str:
 
 
 def _ref_name(k: str) -> str:
-    k = k[len("reference_"):]
-    return {"iforest": "IsolationForest", "pca": "PCA", "kmeans": "k-means"}.get(k, k)
+    k = k[len("reference_"):].removeprefix("pipeline_")
+    return {"iforest": "IsolationForest", "pca": "PCA", "kmeans": "k-means",
+            "robust_z": "robust z"}.get(k, k)
 
 
 def _detection(d: dict) -> tuple[str, str, str]:
@@ -184,13 +185,19 @@ def _detection(d: dict) -> tuple[str, str, str]:
            f"{100 * r['attribution_accuracy']:.0f} %, live onset "
            f"{_med(live)} s median, {_med(r['false_events_per_clean_hour'])} false events per "
            f"clean hour (95 % bound {_med(r['false_events_per_clean_hour_95ub'], '.0f')})")
-    refs = {k: v for k, v in s.items() if k.startswith("reference_")}
-    fe = [v["false_events_per_clean_hour"] for v in refs.values()
-          if v.get("false_events_per_clean_hour") is not None]
-    ref = ", ".join(f"{_ref_name(k)} F1 {v['f1']:.2f}" for k, v in refs.items())
-    if fe:
-        ref += f" ({min(fe):.0f}-{max(fe):.0f} false events/h)"
-    return what, fig, ref
+    parts = []
+    for label, pipe in (("alone, per sample", False), ("in the pipeline, alone", True)):
+        refs = {k: v for k, v in s.items() if k.startswith("reference_")
+                and k.startswith("reference_pipeline_") == pipe}
+        if not refs:
+            continue
+        fe = [v["false_events_per_clean_hour"] for v in refs.values()
+              if v.get("false_events_per_clean_hour") is not None]
+        ref = ", ".join(f"{_ref_name(k)} F1 {v['f1']:.2f}" for k, v in refs.items())
+        if fe:
+            ref += f" ({min(fe):.0f}-{max(fe):.0f} false events/h)"
+        parts.append(f"{label}: {ref}")
+    return what, fig, "; ".join(parts)
 
 
 def _perf(d: dict) -> tuple[str, str, str]:

@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Labeled detection benchmark with a dev and a test split: real torch CPU training under
 ``reveal record`` with anomalies injected at known times, scored beside three simple reference
-detectors (IsolationForest, PCA reconstruction error, k-means distance) on the same recordings.
+detectors (IsolationForest, PCA reconstruction error, k-means distance) on the same recordings,
+each twice: alone, on single 10 Hz samples with fixed thresholds (``iforest``, ``pca``,
+``kmeans``), and inside the whole pipeline in place of its detectors (``pipeline_<name>``: the
+same windows, scaling, warm-up, threshold, event grouping and judging; the pipeline's own three
+detectors are run alone that way too), so a reader sees what each part contributes.
 
     python benchmarks/detection/run.py --split dev --seed S --out D   # record + score dev
     python benchmarks/detection/run.py --split test --seed S --out D  # ... the test split
@@ -41,7 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from scoring import fmt_confusion, fmt_table, reference_detectors, score  # noqa: E402
+from scoring import (fmt_confusion, fmt_table, pipeline_references,  # noqa: E402
+                     reference_detectors, score)
 
 sys.path.insert(0, os.path.dirname(HERE))
 import results as bench_results  # noqa: E402
@@ -313,6 +318,8 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
                 live=[{"start": a["start"], "detected_at": a["detected_at"],
                        "subsystem": a["subsystem"]} for a in live])
     refs = {k: dict(base, events=v) for k, v in reference_detectors(run_dir).items()}
+    refs.update({f"pipeline_{k}": dict(base, events=v)
+                 for k, v in pipeline_references(run_dir).items()})
     info = {"name": sc["name"], "analysis_s": round(secs, 2), "live_update_max_s": round(worst, 3),
             "found": [(round(a["start"] - rep["run"]["start"], 1),
                        round(a["end"] - rep["run"]["start"], 1), a["subsystem"],

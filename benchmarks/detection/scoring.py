@@ -184,6 +184,71 @@ def reference_detectors(run_dir: str) -> dict[str, list[dict]]:
     return out
 
 
+class KMeansDetector:
+    """Distance to the nearest of 8 k-means centres of the fitted windows: the partition view
+    of the per-sample k-means reference, as a window detector."""
+
+    name = "kmeans"
+    score_floor = 1.0
+
+    def __init__(self, k: int = 8):
+        self.k = k
+
+    def fit(self, X):
+        from sklearn.cluster import KMeans
+        self.km = KMeans(n_clusters=min(self.k, max(1, len(X))), n_init=3,
+                         random_state=0).fit(X)
+        return self
+
+    def score_samples(self, X):
+        return self.km.transform(X).min(axis=1)
+
+
+#: The pipeline's own detectors, and k-means, each run alone inside the whole pipeline.
+PIPELINE_DETECTORS = ("robust_z", "pca", "iforest", "kmeans")
+
+
+def _only_detector(name: str, impl):
+    """A plugin whose hook wrapper leaves the pipeline one detector: the others' results are
+    dropped (or k-means used instead of all); everything else (windows, scaling, the core,
+    score normalisation, threshold, events, judging) stays as it is."""
+    import types
+
+    @impl(wrapper=True)
+    def reveal_detectors(config):
+        lists = yield
+        if name == "kmeans":
+            return [[KMeansDetector()]]
+        return [[d for lst in lists for d in (lst or []) if d.name == name]]
+
+    return types.SimpleNamespace(reveal_detectors=reveal_detectors)
+
+
+def pipeline_references(run_dir: str) -> dict[str, list[dict]]:
+    """Events of the whole pipeline with only one detector (``PIPELINE_DETECTORS``), on the
+    same recording: what the detector contributes once windows, scaling, event grouping,
+    warm-up and judging are the same for all.  The threshold is the pipeline's (set on dev
+    for the fused score), not re-tuned per detector."""
+    import pluggy
+
+    from reveal_plugins.detect import analyze
+    from reveal_plugins.hooks import PROJECT
+    from reveal_plugins.hooks.manager import get_plugin_manager
+
+    impl = pluggy.HookimplMarker(PROJECT)
+    pm = get_plugin_manager()
+    out = {}
+    for name in PIPELINE_DETECTORS:
+        pm.register(_only_detector(name, impl), name=f"bench-only-{name}")
+        try:
+            rep = analyze(run_dir)
+        finally:
+            pm.unregister(name=f"bench-only-{name}")
+        out[name] = [{"start": a["start"], "end": a["end"], "subsystem": a["subsystem"]}
+                     for a in rep["anomalies"]]
+    return out
+
+
 def reference_iforest(run_dir: str) -> list[dict]:
     return reference_detectors(run_dir)["iforest"]
 
