@@ -262,3 +262,7 @@ def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp
     with pytest.raises(featstore.FeatureFileError, match="missing"):
         read(path)
     os.rename(side + ".away", side)
+
+    fs.clear()            # --full through the same store: the names file is written again
+    fs.update(d, _metas(d), 0.1, 3.0, 1.0)
+    assert featstore.read_names(fs.files()[0][2]) == names

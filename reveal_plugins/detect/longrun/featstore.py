@@ -104,6 +104,7 @@ class FeatureStore:
         finally:
             os.close(dfd)
         self._f = None
+        self._names_written.clear()
 
     # -- which files cover which segments ------------------------------------------------
     def files(self) -> list[tuple[int, int, str]]:
