@@ -136,3 +136,57 @@ def test_every_import_of_the_package_resolves():
                 except ImportError:
                     bad.append(f"{rel}:{node.lineno}: {alias.name} from {node.module}")
     assert bad == []
+
+
+def _package_module_aliases(tree, modname: str) -> dict:
+    """Names bound to modules of the package in a module: ``from .x import y as z`` where
+    ``y`` is a module, and ``import reveal_plugins.x as z``."""
+    import importlib
+    out = {}
+    pkg = modname.rsplit(".", 1)[0]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = pkg.rsplit(".", node.level - 1)[0] if node.level > 1 else pkg
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if not target.startswith("reveal_plugins"):
+                continue
+            for a in node.names:
+                try:
+                    out[a.asname or a.name] = importlib.import_module(f"{target}.{a.name}")
+                except ImportError:
+                    pass
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.startswith("reveal_plugins.") and a.asname:
+                    out[a.asname] = importlib.import_module(a.name)
+    return out
+
+
+import ast  # noqa: E402  (used by the helpers above and below)
+
+
+def test_attributes_of_package_modules_exist_and_are_public():
+    """``attr.num(...)`` on a module alias fails only when that line runs (a rename left
+    ``attr._num`` in one caller, found by CI, not by the import checks); and a private name
+    reached through a module is as private as one imported from it."""
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "reveal_plugins/*.py",
+                            "reveal_plugins/**/*.py"], capture_output=True, text=True).stdout
+    bad = []
+    for rel in sorted(set(files.split())):
+        modname = rel[:-3].replace("/", ".").removesuffix(".__init__")
+        with open(os.path.join(ROOT, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        aliases = _package_module_aliases(tree, modname if not rel.endswith("__init__.py")
+                                          else modname + ".__init__")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+                    and node.value.id in aliases:
+                mod, name = aliases[node.value.id], node.attr
+                if not hasattr(mod, name):
+                    bad.append(f"{rel}:{node.lineno}: {mod.__name__} has no {name}")
+                elif name.startswith("_") and not name.startswith("__"):
+                    bad.append(f"{rel}:{node.lineno}: private {mod.__name__}.{name}")
+    assert bad == []

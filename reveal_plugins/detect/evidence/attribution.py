@@ -157,7 +157,7 @@ _SUBSYSTEM_OF = (("memory.vm.pgpgin", "storage"), ("memory.vm.pgpgout", "storage
                  ("system.ctxt", "cpu"), ("system.intr", "system"), ("system.nr_running", "cpu"))
 #: The job's own CPU use: when it drops, the job is being held back (by CPU contention, a slow
 #: disk, a slow network...), so it counts as a symptom but does not vote for a subsystem.
-_JOB_SHARE = __import__("re").compile(r"^cpu\.run\.(usage|user|system)$")
+JOB_SHARE = re.compile(r"^cpu\.run\.(usage|user|system)$")
 #: Weight of a channel that moved without being a harmful symptom (activity).
 ACTIVITY_WEIGHT = 0.6
 #: A GPU doing less (utilisation, power, memory traffic down): what a job shows when its input
@@ -195,7 +195,7 @@ def subsystem_scores(dev: np.ndarray, names: list[str], min_dev: float = 3.0,
     for i, (d, n) in enumerate(zip(np.abs(dev), names)):
         if d >= min_dev:
             w = 1.0 if hits is None or hits[i] else ACTIVITY_WEIGHT
-            if (dev[i] < 0 and _JOB_SHARE.match(n)) or conseq[i]:
+            if (dev[i] < 0 and JOB_SHARE.match(n)) or conseq[i]:
                 # the job doing less is a consequence of whatever held it back: only a weak
                 # vote for CPU contention, the most common cause, when nothing else speaks
                 w = 0.5 * ACTIVITY_WEIGHT

@@ -83,7 +83,7 @@ WRITEBACK_S = 40.0
 #: The filesystem's journal and metadata written with a run's data (ext4/xfs: a few %).
 WRITEBACK_OVERHEAD = 1.2
 
-_BUSY = ("user", "nice", "system", "irq", "softirq")
+BUSY = ("user", "nice", "system", "irq", "softirq")
 
 
 def _whole_disks(names: list[str], field: str) -> list[str]:
@@ -148,7 +148,7 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
     if "cpu.run.usage" not in idx:
         return cols, out_n, out_u
     node_scoped = "storage.node.write_bytes" in idx
-    busy = [f"cpu.all.{k}" for k in _BUSY if f"cpu.all.{k}" in idx]
+    busy = [f"cpu.all.{k}" for k in BUSY if f"cpu.all.{k}" in idx]
     if len(busy) >= 3:
         node = np.sum([col(b) for b in busy], axis=0) / _CLK_TCK
         add("cpu.foreign.cores", node - col("cpu.run.usage"), "cores")
@@ -315,7 +315,7 @@ def _runs_of(on: np.ndarray, k: int) -> np.ndarray:
 
 def node_cores(means: np.ndarray, names: list[str]) -> float | None:
     """CPUs of the node: all its jiffies per second / USER_HZ (median over windows)."""
-    cols = [names.index(f"cpu.all.{k}") for k in _BUSY + ("idle", "iowait", "steal")
+    cols = [names.index(f"cpu.all.{k}") for k in BUSY + ("idle", "iowait", "steal")
             if f"cpu.all.{k}" in names]
     if len(cols) < 3:
         return None

@@ -516,8 +516,8 @@ def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomali
             dev = 0.0
             if obs is not None and base is not None:
                 dev = (obs - base) / max(unit_floor(n, units[j]), 1e-9)
-            ch[n] = {"baseline": attr._num(base) if base is not None else None,
-                     "observed": attr._num(obs) if obs is not None else None,
+            ch[n] = {"baseline": attr.num(base) if base is not None else None,
+                     "observed": attr.num(obs) if obs is not None else None,
                      "deviation": round(float(np.clip(dev, -50, 50)), 2), "unit": units[j]}
         return ch
 
@@ -530,7 +530,7 @@ def findings(P, W, E, cfg: DetectConfig, meta: dict, events: list[dict], anomali
             from ..batch.features import unit_floor
             ev.append({"channel": names[j], "deviation": round(float(np.clip(
                 (val - base) / max(unit_floor(names[j], units[j]), 1e-9), -50, 50)), 2),
-                "baseline": attr._num(base), "observed": attr._num(val), "unit": units[j]})
+                "baseline": attr.num(base), "observed": attr.num(val), "unit": units[j]})
         ident = _identity(ids, g)
         an = {"id": "", "start": inv["start"], "end": inv["end"], "node": node,
               "step_id": step_of(meta, events, inv["start"]), "subsystem": "gpu",

@@ -120,7 +120,7 @@ class LiveAnalyzer:
             self._rels = rel_floors(units)
             self._units = units
             self._mask = attr.symptom_mask(names)
-            self._job_share = np.array([bool(attr._JOB_SHARE.match(n)) for n in names])
+            self._job_share = np.array([bool(attr.JOB_SHARE.match(n)) for n in names])
             self._per_core = np.array([bool(PER_CORE.match(n)) for n in names], bool)
         # Windows on a grid anchored at the run's first sample, so starts are stable.
         stride = cfg["stride_s"]
@@ -172,7 +172,7 @@ class LiveAnalyzer:
                     hits = strength > 0
                     sub, _ = attr.choose_subsystem(dev, self._names, hits)
                     hit_subs = {attr.subsystem_of(self._names[j]) for j in np.nonzero(hits)[0]
-                                if not attr._JOB_SHARE.match(self._names[j])}
+                                if not attr.JOB_SHARE.match(self._names[j])}
                     # only when the new side has symptoms of its own
                     moved = sub != self._active["subsystem"] and sub in hit_subs
                     self._other = self._other + [key] if moved else []

@@ -52,7 +52,7 @@ from ..batch.windows import sliding_windows
 DEFAULTS: dict[str, Any] = PeersConfig().model_dump()
 
 #: The job's own CPU share: lower on a node held back, but the consequence, never the cause.
-_JOB_SHARE = re.compile(r"^cpu\.run\.")
+JOB_SHARE = re.compile(r"^cpu\.run\.")
 _FOREIGN = re.compile(r"^(cpu|memory|storage)\.foreign\.")
 #: Evidence of a cause on the node itself: what it ran that the job did not (foreign load),
 #: a queueing discipline holding its packets back.  Its peers' symptoms at the same moment
@@ -119,7 +119,7 @@ def _harm_mask(names: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np
             is_s[i], dirn[i] = True, 1.0
             mins[i] = FOREIGN_MINIMUM.get(n, FOREIGN_MINIMUM.get("cpu.foreign.cores", 0.25)
                                           if n.startswith("cpu.") else 4 * 1048576.0)
-        if _JOB_SHARE.match(n):
+        if JOB_SHARE.match(n):
             is_s[i] = False
     return is_s, dirn, mins, absm
 
@@ -217,7 +217,7 @@ def compare(nodes: Sequence[NodeSeries], config: dict | None = None,
     crowd = share > max(cfg["max_share"], 1.0 / len(nodes) + 1e-9)
     res.analysis["crowded_windows"] = int((crowd & flag.any(axis=0)).sum())
     flag &= ~crowd[None, :]
-    job_share = np.array([bool(_JOB_SHARE.match(n)) for n in names])
+    job_share = np.array([bool(JOB_SHARE.match(n)) for n in names])
     need = min(cfg["min_windows"], cfg["symptom_windows"])
     unslowed = 0
     for i, s in enumerate(nodes):
