@@ -190,3 +190,26 @@ def test_attributes_of_package_modules_exist_and_are_public():
                 elif name.startswith("_") and not name.startswith("__"):
                     bad.append(f"{rel}:{node.lineno}: private {mod.__name__}.{name}")
     assert bad == []
+
+
+def test_no_module_defines_a_top_level_name_twice():
+    """A function, class or method defined twice in one module or class: the second silently
+    wins (an edit that pasted a block twice went through every behaviour test once).
+    Decorated redefinitions (``@x.setter``, ``@overload``) are how Python spells some
+    things and are allowed."""
+    files = subprocess.run(["git", "-C", ROOT, "ls-files", "reveal_plugins/*.py",
+                            "reveal_plugins/**/*.py"], capture_output=True, text=True).stdout
+    bad = []
+    for rel in sorted(set(files.split())):
+        with open(os.path.join(ROOT, rel)) as f:
+            tree = ast.parse(f.read(), rel)
+        bodies = [tree.body] + [n.body for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        for body in bodies:
+            seen: dict[str, int] = {}
+            for node in body:
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                    if node.name in seen and not node.decorator_list:
+                        bad.append(f"{rel}:{node.lineno}: {node.name} (first at "
+                                   f"{seen[node.name]})")
+                    seen.setdefault(node.name, node.lineno)
+    assert bad == []
