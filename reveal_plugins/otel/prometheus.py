@@ -49,8 +49,6 @@ class PrometheusTable(BaseModel):
                             "only (every local user can then read it)")
 
 
-KEYS = set(PrometheusTable.model_fields)
-
 
 class PrometheusConfigError(ValueError):
     """The [prometheus] settings cannot be used; the message names the key and value."""
