@@ -179,14 +179,17 @@ def _detection(d: dict) -> tuple[str, str, str]:
     victims = len(r.get("per_victim") or {})
     what = (f"detection, labeled benchmark, **{split} split** ({r['injections']} injections of "
             f"{kinds} kinds: stress-ng, own injectors, tc tbf; {victims} victim shapes; "
-            f"{r['clean_hours']:.2f} h clean; seed {d.get('seed')})")
+            f"{r['clean_hours']:.2f} h clean; seed {d.get('seed')}"
+            + "".join(f", clean runs of seed {x}" for x in d.get("extra_clean_seeds") or [])
+            + ")")
     live = r.get("live_latency_s_median")
     fig = (f"F1 {r['f1']:.3f}, recall {r['detected']}/{r['injections']}, attribution "
            f"{100 * r['attribution_accuracy']:.0f} %, live onset "
            f"{_med(live)} s median, {_med(r['false_events_per_clean_hour'])} false events per "
            f"clean hour (95 % bound {_med(r['false_events_per_clean_hour_95ub'], '.0f')})")
     parts = []
-    for label, pipe in (("alone, per sample", False), ("in the pipeline, alone", True)):
+    tuned = " (thresholds tuned on dev)" if d.get("pipeline_reference_thresholds") else ""
+    for label, pipe in (("alone, per sample", False), ("in the pipeline, alone" + tuned, True)):
         refs = {k: v for k, v in s.items() if k.startswith("reference_")
                 and k.startswith("reference_pipeline_") == pipe}
         if not refs:
@@ -412,8 +415,8 @@ ROWS = [
         [f"python benchmarks/scale/fleet.py --runs 10000 {_TEST}"],
         {"": lambda d: d["header"].get("benchmark") == "fleet"}),
     Row("NVML probe, 8 GPUs on the driver-level fake: median ms per sample",
-        {"": "benchmarks/gpu/results/fake_8gpu.json"}, _gpu,
-        ["python benchmarks/gpu/probe_fake.py --samples 300"],
+        {"": "benchmarks/gpu/results/*.json"}, _gpu,
+        [f"python benchmarks/gpu/probe_fake.py --samples 300 {_TEST}"],
         {"": lambda d: "modes" in d}),
 ]
 

@@ -45,8 +45,8 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
 
-from scoring import (fmt_confusion, fmt_table, pipeline_references,  # noqa: E402
-                     reference_detectors, score)
+from scoring import (events_of, fmt_confusion, fmt_table, load_thresholds,  # noqa: E402
+                     pipeline_references, reference_detectors, run_base, score)
 
 sys.path.insert(0, os.path.dirname(HERE))
 import results as bench_results  # noqa: E402
@@ -307,14 +307,9 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
     secs = time.perf_counter() - t0
     with open(os.path.join(run_dir, "report.bench.json"), "w") as f:
         json.dump(rep, f, indent=1)
-    dur = rep["run"]["end"] - rep["run"]["start"]
     live, worst = live_replay(run_dir)
-    base = {"name": sc["name"], "clean": not sc["inject"], "duration_s": dur,
-            "injections": labels["injections"], "victim": sc.get("victim"),
-            "t_start": rep["run"]["start"],
-            "split": sc.get("split", "test")}
-    ours = dict(base, events=[{"start": a["start"], "end": a["end"],
-                               "subsystem": a["subsystem"]} for a in rep["anomalies"]],
+    base = run_base(rep, labels)
+    ours = dict(base, events=events_of(rep),
                 live=[{"start": a["start"], "detected_at": a["detected_at"],
                        "subsystem": a["subsystem"]} for a in live])
     refs = {k: dict(base, events=v) for k, v in reference_detectors(run_dir).items()}
@@ -360,6 +355,8 @@ def main(argv: list[str] | None = None) -> int:
                 seed = json.load(f).get("seed")
         except (OSError, ValueError):
             seed = None
+        extra_seeds = sorted(int(f[len("scenarios-"):-len(".json")]) for f in os.listdir(out)
+                             if f.startswith("scenarios-") and f.endswith(".json"))
         names = sorted(d for d in os.listdir(out)
                        if os.path.exists(os.path.join(out, d, "labels.json"))
                        and (args.split == "all" or d.startswith(args.split + "-")))
@@ -370,6 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         net = not args.no_net and not args.smoke and os.geteuid() == 0 and bool(shutil.which("tc"))
         out = args.out or tempfile.mkdtemp(prefix="reveal-detbench-")
         os.makedirs(out, exist_ok=True)
+        extra_seeds = []
         seed = args.seed if args.seed is not None else int.from_bytes(os.urandom(2), "big")
         print(f"scenario seed {seed}", flush=True)
         scs = scenarios(args.smoke, args.seconds, net, seed)
@@ -409,7 +407,9 @@ def main(argv: list[str] | None = None) -> int:
               f"      observations {info['observations']}\n"
               f"      live {info['live']}  (references: {info['reference_events']} events; "
               f"analysis {info['analysis_s']} s)", flush=True)
-    res = {"out": out, "seed": seed, "rescored": bool(args.rescore), "runs": infos,
+    res = {"out": out, "seed": seed, "extra_clean_seeds": extra_seeds,
+           "rescored": bool(args.rescore), "runs": infos,
+           "pipeline_reference_thresholds": load_thresholds(),
            "finished": time.time()}
     for split in ("dev", "test"):
         sel = [i for i, o in enumerate(ours_runs) if o["split"] == split]

@@ -3,6 +3,9 @@ attribution accuracy, onset latency, false events per clean hour) and the single
 reference (one IsolationForest on raw samples)."""
 from __future__ import annotations
 
+import json
+import os
+
 import numpy as np
 
 #: Live mode judges nothing before it has a reference (skip_s 15 + min_reference 15 + ref_gap_s
@@ -224,29 +227,65 @@ def _only_detector(name: str, impl):
     return types.SimpleNamespace(reveal_detectors=reveal_detectors)
 
 
-def pipeline_references(run_dir: str) -> dict[str, list[dict]]:
-    """Events of the whole pipeline with only one detector (``PIPELINE_DETECTORS``), on the
-    same recording: what the detector contributes once windows, scaling, event grouping,
-    warm-up and judging are the same for all.  The threshold is the pipeline's (set on dev
-    for the fused score), not re-tuned per detector."""
+#: Per-detector thresholds of the pipeline references, chosen on dev by ``tune.py``.
+THRESHOLDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "thresholds.json")
+
+
+def load_thresholds(path: str = THRESHOLDS) -> dict[str, float]:
+    """``{detector: threshold}`` tuned on dev; empty (the pipeline's own threshold for all)
+    when no tuning was committed."""
+    try:
+        with open(path) as f:
+            return {k: float(v) for k, v in json.load(f)["thresholds"].items()}
+    except FileNotFoundError:
+        return {}
+
+
+def pipeline_events(run_dir: str, name: str | None = None,
+                    threshold: float | None = None) -> dict:
+    """The report of the whole pipeline on ``run_dir`` with only detector ``name`` (all of
+    them when None) and the fused-score ``threshold`` (the pipeline's default when None)."""
     import pluggy
 
     from reveal_plugins.detect import analyze
     from reveal_plugins.hooks import PROJECT
     from reveal_plugins.hooks.manager import get_plugin_manager
 
-    impl = pluggy.HookimplMarker(PROJECT)
+    config = {"threshold": threshold} if threshold is not None else None
+    if name is None:
+        return analyze(run_dir, config)
     pm = get_plugin_manager()
-    out = {}
-    for name in PIPELINE_DETECTORS:
-        pm.register(_only_detector(name, impl), name=f"bench-only-{name}")
-        try:
-            rep = analyze(run_dir)
-        finally:
-            pm.unregister(name=f"bench-only-{name}")
-        out[name] = [{"start": a["start"], "end": a["end"], "subsystem": a["subsystem"]}
-                     for a in rep["anomalies"]]
-    return out
+    pm.register(_only_detector(name, pluggy.HookimplMarker(PROJECT)), name=f"bench-only-{name}")
+    try:
+        return analyze(run_dir, config)
+    finally:
+        pm.unregister(name=f"bench-only-{name}")
+
+
+def pipeline_references(run_dir: str, thresholds: dict[str, float] | None = None
+                        ) -> dict[str, list[dict]]:
+    """Events of the whole pipeline with only one detector (``PIPELINE_DETECTORS``), on the
+    same recording: what the detector contributes once windows, scaling, event grouping,
+    warm-up and judging are the same for all.  Each detector's threshold is the one
+    ``tune.py`` chose for it on dev (``thresholds``; the pipeline's own when absent)."""
+    thresholds = load_thresholds() if thresholds is None else thresholds
+    return {name: events_of(pipeline_events(run_dir, name, thresholds.get(name)))
+            for name in PIPELINE_DETECTORS}
+
+
+def events_of(rep: dict) -> list[dict]:
+    return [{"start": a["start"], "end": a["end"], "subsystem": a["subsystem"]}
+            for a in rep["anomalies"]]
+
+
+def run_base(rep: dict, labels: dict) -> dict:
+    """What :func:`score` needs of a run besides its events: clean or not, length, the
+    injections, victim shape, split."""
+    sc = labels["scenario"]
+    return {"name": sc["name"], "clean": not sc["inject"],
+            "duration_s": rep["run"]["end"] - rep["run"]["start"],
+            "injections": labels["injections"], "victim": sc.get("victim"),
+            "t_start": rep["run"]["start"], "split": sc.get("split", "test")}
 
 
 def reference_iforest(run_dir: str) -> list[dict]:

@@ -10,7 +10,10 @@ Measured per sample (all 8 GPUs), back to back, for each driver mode (current, o
   the probe's own Python cost;
 and the C calls per GPU per sample, the slowest sample (a blocking call shows there).
 
-    python benchmarks/gpu/probe_fake.py [--samples 300] [--out benchmarks/gpu/results/fake_8gpu.json]
+    python benchmarks/gpu/probe_fake.py [--samples 300] [--split dev|test] [--results FILE]
+
+Results: ``benchmarks/gpu/results/gpu_fake-<split>-<date>.json`` with the :mod:`results`
+header (``--split test`` is refused from a dirty tree).
 """
 from __future__ import annotations
 
@@ -18,7 +21,6 @@ import argparse
 import importlib.util
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +33,9 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, ROOT)
 
 from fixtures_nvml import FakeDriver, install_fake_nvml  # noqa: E402
+
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+import results as bench_results  # noqa: E402
 
 
 def _git(*args: str) -> str:
@@ -122,20 +127,13 @@ def main(argv=None) -> None:
     ap.add_argument("--interval", type=float, default=0.01,
                     help="sleep between samples (lets background threads run, as in the agent)")
     ap.add_argument("--previous-rev", default="d643792")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks/gpu/results/fake_8gpu.json"))
+    bench_results.add_args(ap)
     a = ap.parse_args(argv)
+    bench = bench_results.begin("gpu_fake", a.split, argv,
+                                extra_paths=("tests/fixtures_nvml.py",))
     from reveal_plugins.probes.nvml import NvmlProbe
     prev = _previous_probe(a.previous_rev)
-    doc = {"benchmark": "nvml probe on the driver-level fake, 8 GPUs",
-           "command": "python benchmarks/gpu/probe_fake.py " + " ".join(argv or sys.argv[1:]),
-           "commit": _git("rev-parse", "--short", "HEAD"),
-           "tree_clean": _git("status", "--porcelain", "--", "reveal_plugins/telemetry",
-                              "reveal_plugins/types.py", "benchmarks/gpu",
-                              "tests/fixtures_nvml.py") == "",
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "machine": {"cores": os.cpu_count(), "python": platform.python_version(),
-                       "kernel": platform.release(),
-                       "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
+    doc = {"what": "nvml probe on the driver-level fake, 8 GPUs",
            "samples": a.samples, "previous_rev": a.previous_rev, "modes": {}}
     for mode, kw in (("current_driver", {}), ("old_driver", {"old_driver": True}),
                      ("32bit_counters_refused_gpu", {"pcie_counter_bits": 32,
@@ -148,10 +146,7 @@ def main(argv=None) -> None:
                 row["previous"] = {"error": f"{type(e).__name__}: {e}"}
         doc["modes"][mode] = row
         print(mode, json.dumps(row), flush=True)
-    os.makedirs(os.path.dirname(a.out), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print("wrote", a.out)
+    print("results: " + bench.write(a.results or bench.default_path(), doc))
 
 
 if __name__ == "__main__":
