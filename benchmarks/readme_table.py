@@ -321,7 +321,7 @@ def _gpu(d: dict) -> tuple[str, str, str]:
            f"{ref['probe']['per_sample_median_ms']:.2f} ms (one GPU refused, 32-bit counters)")
     p = [x.get("previous") or {} for x in (cur, old, ref)]
     parts = [f"{x['per_sample_median_ms']:.2f} ms" if "per_sample_median_ms" in x else
-             "fails" for x in p]
+             "fails" if "error" in x else "not measured" for x in p]
     rf = f"previous probe ({d.get('previous_rev')}): {' / '.join(parts)}"
     if "per_sample_p99_ms" in p[1]:
         rf += f"; p99 {p[1]['per_sample_p99_ms']:.0f} ms on the old driver"

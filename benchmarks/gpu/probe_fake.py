@@ -43,9 +43,11 @@ def _git(*args: str) -> str:
 
 
 def _previous_probe(rev: str):
-    src = _git("show", f"{rev}:reveal_plugins/probes/nvml.py")
+    # the probe moved from telemetry/ to probes/ after the reference revision
+    src = (_git("show", f"{rev}:reveal_plugins/probes/nvml.py")
+           or _git("show", f"{rev}:reveal_plugins/telemetry/nvml.py"))
     if not src:
-        return None
+        raise SystemExit(f"probe_fake.py: no nvml.py at --previous-rev {rev}")
     d = tempfile.mkdtemp()
     path = os.path.join(d, "nvml_previous.py")
     with open(path, "w") as f:
