@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+
+# records real telemetry: not while a benchmark or another such test records
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

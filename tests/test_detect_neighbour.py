@@ -17,6 +17,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(
 from neighbour import SCENARIOS, cpu_neighbours, record, verdict  # noqa: E402
 
 
+# records real telemetry: not while a benchmark or another such test records
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("scenario", ["start15", "start35", "mid15"])

@@ -17,7 +17,9 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 JOB = os.path.join(ROOT, "tests", "peer_job.py")
 
+# records real telemetry: not while a benchmark or another such test records (quiet_machine)
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(200),
+              pytest.mark.usefixtures("quiet_machine"),
               pytest.mark.skipif(not shutil.which("stress-ng") or not shutil.which("taskset")
                                  or (os.cpu_count() or 1) < 2,
                                  reason="needs stress-ng, taskset and 2 CPUs")]

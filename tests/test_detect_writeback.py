@@ -9,6 +9,10 @@ import sys
 
 import pytest
 
+
+# records real telemetry: not while a benchmark or another such test records
+pytestmark = pytest.mark.usefixtures("quiet_machine")
+
 JOB = """
 import os, sys, time
 path = sys.argv[1]
