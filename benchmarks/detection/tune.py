@@ -35,32 +35,34 @@ GRID = (2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 10.0, 14.0)
 TIE = 0.005
 
 
-def dev_runs(root: str) -> list[str]:
-    names = sorted(d for d in os.listdir(root)
-                   if os.path.exists(os.path.join(root, d, "labels.json")))
-    for n in names:
-        with open(os.path.join(root, n, "labels.json")) as f:
-            split = json.load(f)["scenario"].get("split")
+def dev_runs(root: str) -> dict[str, dict]:
+    """``{run directory: its labels}`` of the recorded runs under ``root``, all dev."""
+    runs = {}
+    for n in sorted(os.listdir(root)):
+        path = os.path.join(root, n, "labels.json")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            labels = json.load(f)
+        split = labels["scenario"].get("split")
         if split != "dev":
             raise SystemExit(f"tune.py: {os.path.join(root, n)} is a {split!r} run; "
                              "thresholds are tuned on dev recordings only")
-    if not names:
+        runs[os.path.join(root, n)] = labels
+    if not runs:
         raise SystemExit(f"tune.py: no recorded runs (labels.json) under {root}")
-    return [os.path.join(root, n) for n in names]
+    return runs
 
 
-def sweep(runs: list[str], name: str | None, grid=GRID) -> list[dict]:
-    """Dev figures of detector ``name`` (None: all of them) at each threshold of ``grid``."""
-    labels = {}
-    for r in runs:
-        with open(os.path.join(r, "labels.json")) as f:
-            labels[r] = json.load(f)
+def sweep(runs: dict[str, dict], name: str | None, grid=GRID) -> list[dict]:
+    """Dev figures of detector ``name`` (None: all of them) at each threshold of ``grid``;
+    ``runs`` as :func:`dev_runs` returns them."""
     rows = []
     for th in grid:
         scored = []
-        for r in runs:
+        for r, labels in runs.items():
             rep = pipeline_events(r, name, th)
-            scored.append(dict(run_base(rep, labels[r]), events=events_of(rep)))
+            scored.append(dict(run_base(rep, labels), events=events_of(rep)))
         s = score(scored)
         rows.append({"threshold": th, "f1": s["f1"], "recall": s["recall"],
                      "precision_alarm_s": s["precision_alarm_s"],

@@ -117,7 +117,7 @@ class QuietLock:
         if self.fd is not None and now - self.since + self.longest > self.hold_s:
             self.release()
         if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
             fcntl.flock(self.fd, fcntl.LOCK_EX)
             self.since = time.monotonic()
 
