@@ -87,3 +87,57 @@ def test_invalid_event_lines_are_reported_and_others_kept(tmp_path):
     r = store.load_run(str(tmp_path))
     assert [e["event"] for e in r.events] == ["step_start", "step_end"]
     assert any("events.jsonl:2" in w for w in r.warnings)
+
+
+def _fill_one_column_at_a_time(t, values, chans, interval_s, tail=True):
+    """The oracle: one ``np.interp`` per slow column (what fill_slow_channels did before it
+    shared the search between a probe's columns)."""
+    for j, c in enumerate(chans):
+        every = c.sample_every_s
+        if not every or every <= interval_s * 1.5:
+            continue
+        col = values[:, j]
+        ok = ~np.isnan(col)
+        if not ok.any() or ok.all():
+            continue
+        tk, vk = t[ok], col[ok]
+        filled = np.interp(t, tk, vk)
+        pos = np.searchsorted(tk, t, side="right")
+        prev_t = tk[np.clip(pos - 1, 0, len(tk) - 1)]
+        next_t = tk[np.clip(pos, 0, len(tk) - 1)]
+        interior = (pos > 0) & (pos < len(tk)) & (next_t - prev_t <= 2.5 * every)
+        after = (pos == len(tk)) & (t - tk[-1] <= 1.5 * every) if tail else False
+        col[~ok & (interior | after)] = filled[~ok & (interior | after)]
+
+
+@pytest.mark.parametrize("seed", range(12))
+@pytest.mark.parametrize("tail", [True, False])
+def test_slow_channels_are_filled_exactly_like_np_interp(seed, tail):
+    """Probes read every 1 s and 0.5 s among 10 Hz ones, with lost reads (a probe error, a
+    gap of several seconds), a column never read and one read every time: the grouped
+    interpolation gives np.interp's values to the bit, and leaves the same NaN."""
+    rng = np.random.default_rng(seed)
+    n = 400
+    t = 1.7e9 + np.cumsum(rng.uniform(0.09, 0.11, n))
+    t[rng.integers(50, n - 50):] += 4.0  # the agent was suspended: a real gap
+    chans, cols = [], []
+    for name, every, width in (("fast", None, 3), ("slow1", 1.0, 5), ("slow05", 0.5, 4),
+                               ("slow1b", 1.0, 2)):
+        read = np.ones(n, bool) if every is None else (np.arange(n) % round(every / 0.1) == 0)
+        if name == "slow1b":
+            read &= rng.random(n) > 0.3  # the same period, other reads: its own group
+        for k in range(width):
+            chans.append(ChannelMeta(f"cpu.{name}.{k}", "", "counter", "test", sample_every_s=every))
+            col = np.cumsum(rng.exponential(5.0, n)) * (k + 1)
+            col[~read] = np.nan
+            cols.append(col)
+    cols[5][:] = np.nan                      # never read
+    cols[6] = np.where(np.isnan(cols[6]), 3.0, cols[6])   # read every tick although slow
+    v = np.column_stack(cols)
+    v[rng.integers(0, n, 8), 3:8] = np.nan  # lost reads of the 1 s probe
+    want, got = v.copy(), v.copy()
+    _fill_one_column_at_a_time(t, want, chans, 0.1, tail)
+    store.fill_slow_channels(t, got, chans, 0.1, tail)
+    assert np.array_equal(want, got, equal_nan=True)
+    assert np.isnan(got[:, 5]).all()
+    assert np.isnan(got).sum() < np.isnan(v).sum()  # something was filled

@@ -315,6 +315,65 @@ def bench_probes(n: int = 1000) -> list[dict]:
     return rows
 
 
+def bench_probes_cold(ticks: int = 300, interval: float = 0.1) -> list[dict]:
+    """CPU µs per ``sample()`` as the agent pays it: every probe at its own schedule in a
+    10 Hz loop, so caches are cold after each 100 ms sleep; and, for the probes backed by one
+    procfs file, the cost of a bare ``pread`` of that file in the same loop (the kernel's
+    share, which no parsing change can remove).  The run probe follows a ``sleep`` process
+    (the process-tree mode of ``reveal record``)."""
+    from reveal_plugins.hooks import hook
+    from reveal_plugins.types import RunInfo
+    child = subprocess.Popen(["sleep", str(ticks * interval + 30)])
+    try:
+        probes = [p for b in hook().reveal_register_probes(config={}) for p in b]
+        run = RunInfo(run_id="bench", run_dir="", pids=[child.pid], uid=os.getuid())
+        probes += [p for b in hook().reveal_register_run_probes(run=run, config={}) for p in b]
+        for p in probes:
+            p.open()
+        probes = [p for p in probes if p.available and p.channels]
+        every = [max(1, round((p.interval_s or 0) / interval)) for p in probes]
+        files = {p.name: os.open(p.file.path, os.O_RDONLY) for p in probes
+                 if getattr(getattr(p, "file", None), "path", None)}
+        cost = {p.name: 0.0 for p in probes}
+        raw = {n: 0.0 for n in files}
+        calls = {p.name: 0 for p in probes}
+        c_loop = time.thread_time()
+        for k in range(ticks):
+            time.sleep(interval)
+            for p, n in zip(probes, every):
+                if k % n:
+                    continue
+                c0 = time.thread_time()
+                p.sample()
+                cost[p.name] += time.thread_time() - c0
+                calls[p.name] += 1
+        loop_s = time.thread_time() - c_loop
+        for k in range(ticks // 2):  # then the bare reads alone, cold in the same way
+            time.sleep(interval)
+            for name, fd in files.items():
+                c0 = time.thread_time()
+                os.pread(fd, 1 << 16, 0)
+                raw[name] += time.thread_time() - c0
+        rows = []
+        for p, n in zip(probes, every):
+            r = {"probe": p.name, "channels": len(p.channels), "every_ticks": n,
+                 "cold_cpu_us": 1e6 * cost[p.name] / max(1, calls[p.name]),
+                 "pct_of_core": 100 * cost[p.name] / (ticks * interval)}
+            if p.name in raw:
+                r["bare_pread_us"] = 1e6 * raw[p.name] / (ticks // 2)
+            rows.append(r)
+        rows.append({"probe": "(whole loop: probes + 10 Hz wake-ups)",
+                     "pct_of_core": 100 * loop_s / (ticks * interval)})
+        for fd in files.values():
+            os.close(fd)
+        for p in probes:
+            p.close()
+        return rows
+    finally:
+        child.kill()
+        child.wait()
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else float("nan")
@@ -354,6 +413,16 @@ def main() -> int:
         print(f"procfs+PSI set: {sum(r['channels'] for r in host)} channels, {tot:.0f} µs "
               f"per sample in a hot loop = {tot / 1e3:.3f}% of one core at 10 Hz (probe calls "
               f"only; at 10 Hz caches are cold and the real cost is higher, see below)\n")
+
+        cold = bench_probes_cold()
+        res["probes_cold"] = cold
+        print("## Per-probe cost at 10 Hz as the agent pays it (cold caches, own schedule)")
+        print(f"{'probe':<40} {'every':>5} {'cpu µs':>8} {'pread µs':>8} {'% core':>7}")
+        for r in cold:
+            print(f"{r['probe']:<40} {r.get('every_ticks', ''):>5} "
+                  f"{r.get('cold_cpu_us', float('nan')):>8.1f} "
+                  f"{r.get('bare_pread_us', float('nan')):>8.1f} {r['pct_of_core']:>7.3f}")
+        print()
 
     if "cpu" in parts:
         reps = []

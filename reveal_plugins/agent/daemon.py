@@ -157,7 +157,9 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
             p.close()
 
     def wait(self) -> None:
-        while not self._stop.wait(0.5):
+        # The signal handlers set _stop, which ends this wait at once: the timeout only
+        # bounds how long a missed wake-up could go unseen, and each wake costs CPU.
+        while not self._stop.wait(5.0):
             pass
         self.stop()
 

@@ -106,7 +106,7 @@ class AgentServer:
     # -- the loop -------------------------------------------------------------------------
     def serve_forever(self) -> None:
         while not self._stop.is_set():
-            for key, ev in self._sel.select(timeout=0.2):
+            for key, ev in self._sel.select(timeout=self._next_expiry()):
                 try:
                     if key.data == "accept":
                         self._accept()
@@ -317,6 +317,22 @@ class AgentServer:
             self._sel.register(c.sock, events, c)
         elif key.events != events:
             self._sel.modify(c.sock, events, c)
+
+    def _next_expiry(self) -> float | None:
+        """Seconds until the earliest connection deadline, None with nothing to expire.  The
+        workers and shutdown wake the selector themselves, so an idle agent sleeps here
+        instead of waking 5 times a second (which cost ~0.07 % of a core on a VM)."""
+        due = None
+        for c in self._conns.values():
+            if c.busy:
+                continue  # a worker holds it; its reply wakes the loop
+            d = (c.first_byte + protocol.REQUEST_DEADLINE_S if c.first_byte is not None
+                 else c.last + protocol.IDLE_TIMEOUT_S if not c.buf else None)
+            if d is not None and (due is None or d < due):
+                due = d
+        if due is None:
+            return None
+        return min(1.0, max(0.01, due - time.monotonic()))
 
     def _expire(self) -> None:
         now = time.monotonic()

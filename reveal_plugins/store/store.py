@@ -468,26 +468,52 @@ def fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMet
     """Channels read less often than every tick (``sample_every_s``) hold NaN between reads:
     interpolate linearly in time between reads no further apart than twice their period, and
     carry the last read forward over the tail, so that analysis sees a smooth series (a
-    counter's rate is then spread evenly over the interval it accumulated in)."""
+    counter's rate is then spread evenly over the interval it accumulated in).
+
+    The channels of one probe are read on the same ticks: columns with the same period and
+    the same reads share one search and one set of weights (the agent's featurizer runs this
+    on every segment; one ``np.interp`` per column cost most of its time).  The arithmetic is
+    ``np.interp``'s own, so the values are the same to the bit."""
     if len(t) < 2:
         return
-    for j, c in enumerate(chans):
-        every = c.sample_every_s
-        if not every or every <= interval_s * 1.5:
+    slow = [j for j, c in enumerate(chans)
+            if c.sample_every_s and c.sample_every_s > interval_s * 1.5]
+    if not slow:
+        return
+    read = ~np.isnan(values[:, slow])
+    groups: dict[tuple[float, bytes], list[int]] = {}
+    for k, j in enumerate(slow):
+        groups.setdefault((chans[j].sample_every_s, np.packbits(read[:, k]).tobytes()),
+                          []).append(j)
+    for (every, _), cols in groups.items():
+        ok = read[:, slow.index(cols[0])]
+        if not ok.any() or ok.all():
             continue
-        col = values[:, j]
-        ok = ~np.isnan(col)
-        if ok.sum() < 1 or ok.all():
-            continue
-        tk, vk = t[ok], col[ok]
-        filled = np.interp(t, tk, vk)
-        # no invention across real gaps (lost segment, probe error): leave NaN there
+        tk = t[ok]
+        m = len(tk)
         pos = np.searchsorted(tk, t, side="right")
-        prev_t = tk[np.clip(pos - 1, 0, len(tk) - 1)]
-        next_t = tk[np.clip(pos, 0, len(tk) - 1)]
-        interior = (pos > 0) & (pos < len(tk)) & (next_t - prev_t <= 2.5 * every)
-        after = (pos == len(tk)) & (t - tk[-1] <= 1.5 * every) if tail else False
-        col[~ok & (interior | after)] = filled[~ok & (interior | after)]
+        prev_i = np.clip(pos - 1, 0, m - 1)
+        next_i = np.clip(pos, 0, m - 1)
+        # no invention across real gaps (lost segment, probe error): leave NaN there
+        interior = (pos > 0) & (pos < m) & (tk[next_i] - tk[prev_i] <= 2.5 * every)
+        after = (pos == m) & (t - tk[-1] <= 1.5 * every) if tail else np.zeros(len(t), bool)
+        vk = values[ok][:, cols]
+        rows = np.nonzero(~ok & interior)[0]
+        if len(rows):
+            j0, x = prev_i[rows], t[rows]
+            x0, x1 = tk[j0][:, None], tk[j0 + 1][:, None]
+            y0, y1 = vk[j0], vk[j0 + 1]
+            with np.errstate(divide="ignore", invalid="ignore"):
+                slope = (y1 - y0) / (x1 - x0)
+                res = slope * (x[:, None] - x0) + y0
+                back = slope * (x[:, None] - x1) + y1   # np.interp's retry from the right
+            res = np.where(np.isnan(res), back, res)
+            res = np.where(np.isnan(res) & (y0 == y1), y0, res)
+            res = np.where(x[:, None] == x0, y0, res)
+            values[np.ix_(rows, cols)] = res
+        rows = np.nonzero(~ok & after)[0]
+        if len(rows):
+            values[np.ix_(rows, cols)] = vk[-1]
 
 
 def _positive(v: Any) -> float | None:

@@ -110,6 +110,10 @@ def to_rates(t: np.ndarray, values: np.ndarray, metas: Sequence[ChannelMeta],
 # -- derived metrics -------------------------------------------------------------------------
 
 _CPU_TICKS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+# compiled once: derive_channels runs on every 10-s segment in the agent's featurizer
+_GPU_POWER = re.compile(r"^(gpu\.\d+)\.(power|power_w|power_usage)$")
+_GPU_CLOCK = re.compile(r"^(gpu\.\d+)\.(clock_sm|sm_clock|clocks_sm)(_mhz)?$")
+_NET_BYTES = re.compile(r"^(network\.[^.]+)\.(rx|tx)_bytes$")
 
 
 def derive_channels(X: np.ndarray, names: list[str], units: list[str], t: np.ndarray | None = None
@@ -185,14 +189,14 @@ def derive_channels(X: np.ndarray, names: list[str], units: list[str], t: np.nda
                     add(f"{p}.{new}", r, u)
     # GPU power vs limit, clocks vs max.
     for n in names:
-        m = re.match(r"^(gpu\.\d+)\.(power|power_w|power_usage)$", n)
+        m = _GPU_POWER.match(n)
         if m:
             for lim in ("power_limit", "power_limit_w", "enforced_power_limit"):
                 r = ratio(n, f"{m.group(1)}.{lim}", 100.0)
                 if r is not None:
                     add(f"{m.group(1)}.power_pct_of_limit", r, "%")
                     break
-        m = re.match(r"^(gpu\.\d+)\.(clock_sm|sm_clock|clocks_sm)(_mhz)?$", n)
+        m = _GPU_CLOCK.match(n)
         if m:
             for mx in ("clock_sm_max", "sm_clock_max", "max_clock_sm", "clocks_sm_max",
                        "clock_sm_max_mhz"):
@@ -202,7 +206,7 @@ def derive_channels(X: np.ndarray, names: list[str], units: list[str], t: np.nda
                     break
     # Network utilisation % where the link speed (Mb/s) is known.
     for n in names:
-        m = re.match(r"^(network\.[^.]+)\.(rx|tx)_bytes$", n)
+        m = _NET_BYTES.match(n)
         if m and f"{m.group(1)}.speed" in idx:
             sp = X[:, idx[f"{m.group(1)}.speed"]].astype(np.float64)
             with np.errstate(invalid="ignore", divide="ignore"):
