@@ -100,3 +100,22 @@ def test_a_second_agent_on_the_same_spool_refuses_to_start(agent):
     assert p.returncode == 1     # EXIT_PROBLEM (docs/cli.md): not a usage error
     assert "already serves" in p.stderr and "not starting a second one" in p.stderr
     assert client.alive()
+
+
+def test_agent_threads_carry_their_names_in_the_kernel(agent):
+    """`top -H` / `ps -L` show which of the agent's threads spends its CPU."""
+    client, tmp = agent
+    client.register(RunInfo(run_id="n", run_dir=str(tmp / "n"), job_id="3"))
+    want = {"reveal-sampler", "reveal-socket", "reveal-pending", "reveal-features"}
+    names: set[str] = set()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not want <= names:
+        time.sleep(0.5)
+        names = set()
+        for t in pathlib.Path(f"/proc/{client.proc.pid}/task").iterdir():
+            try:
+                names.add((t / "comm").read_text().strip())
+            except OSError:
+                pass
+    client.unregister("n", 0)
+    assert want <= names, names

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import select
+import threading
 import time
 
 from ..types import RunInfo
@@ -78,7 +79,8 @@ class Housekeeping:
             if time.monotonic() >= self._next_prune:
                 self._next_prune = time.monotonic() + 3600
                 self.prune_old_jobs()
-        for name, chore in (("pending queue", lambda: self.take_pending(pend)),
+        for name, chore in (("thread names", self._name_os_threads),
+                            ("pending queue", lambda: self.take_pending(pend)),
                             ("reaping dead owners", self._reap_owners),
                             ("closing unfinished runs", self.close_unfinished),
                             ("retention", prune)):
@@ -86,6 +88,24 @@ class Housekeeping:
                 chore()
             except Exception as e:
                 log.warning("housekeeping (%s) failed: %s: %s", name, type(e).__name__, e)
+
+    def _name_os_threads(self) -> None:
+        """Give each thread its Python name in the kernel too (``top -H``, ``ps -L``,
+        ``/proc/<agent>/task/*/comm``: which thread spends the agent's CPU).  A thread may
+        rename its siblings through /proc; only threads not named yet are written."""
+        named = self.__dict__.setdefault("_os_named", set())
+        threads = threading.enumerate()
+        named.intersection_update(th.native_id for th in threads)  # ids are reused
+        for th in threads:
+            tid = th.native_id
+            if tid is None or tid in named:
+                continue
+            named.add(tid)
+            try:
+                with open(f"/proc/self/task/{tid}/comm", "w") as f:
+                    f.write(th.name[:15])
+            except OSError:
+                pass  # exited meanwhile, or /proc read-only: cosmetic only
 
     def take_pending(self, pend: str) -> None:
         """Register runs queued as files while the socket was not up (root/own-uid files only).

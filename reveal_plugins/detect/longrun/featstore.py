@@ -364,7 +364,8 @@ class FeatureWriter:
         self.interval_s = interval_s
         self.window_s, self.stride_s = window_s, stride_s
         self._q: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="reveal-featurize", daemon=True)
+        # at most 15 characters: the agent gives its threads' names to the kernel (top -H)
+        self._thread = threading.Thread(target=self._loop, name="reveal-features", daemon=True)
         self._thread.start()
         self.failed: str | None = None
 
