@@ -481,12 +481,13 @@ def fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMet
     if not slow:
         return
     read = ~np.isnan(values[:, slow])
-    groups: dict[tuple[float, bytes], list[int]] = {}
+    groups: dict[tuple[float, bytes], list[int]] = {}   # -> positions in ``slow``
     for k, j in enumerate(slow):
         groups.setdefault((chans[j].sample_every_s, np.packbits(read[:, k]).tobytes()),
-                          []).append(j)
-    for (every, _), cols in groups.items():
-        ok = read[:, slow.index(cols[0])]
+                          []).append(k)
+    for (every, _), ks in groups.items():
+        ok = read[:, ks[0]]
+        cols = [slow[k] for k in ks]
         if not ok.any() or ok.all():
             continue
         tk = t[ok]
@@ -497,7 +498,7 @@ def fill_slow_channels(t: np.ndarray, values: np.ndarray, chans: list[ChannelMet
         # no invention across real gaps (lost segment, probe error): leave NaN there
         interior = (pos > 0) & (pos < m) & (tk[next_i] - tk[prev_i] <= 2.5 * every)
         after = (pos == m) & (t - tk[-1] <= 1.5 * every) if tail else np.zeros(len(t), bool)
-        vk = values[ok][:, cols]
+        vk = values[np.ix_(ok, cols)]   # the group's reads only, not every channel's
         rows = np.nonzero(~ok & interior)[0]
         if len(rows):
             j0, x = prev_i[rows], t[rows]
