@@ -59,8 +59,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-batches", type=int, default=40, metavar="K")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="N",
                    help="every N steps, torch.save model+optimizer into --checkpoint-dir")
+    p.add_argument("--checkpoint-every-s", type=float, default=0.0, metavar="S",
+                   help="also every S seconds of training (time, not steps)")
+    p.add_argument("--checkpoint-extra-mb", type=int, default=0, metavar="MB",
+                   help="save MB more with each checkpoint (the state of a large model)")
+    p.add_argument("--fsync", action="store_true",
+                   help="fsync each checkpoint before renaming it into place")
     p.add_argument("--checkpoint-dir", default=None, metavar="DIR")
     a = p.parse_args(argv)
+    for k in ("checkpoint_every_s", "checkpoint_extra_mb"):
+        if getattr(a, k) < 0:
+            p.error(f"--{k.replace('_', '-')} must be >= 0, got {getattr(a, k)}")
     if a.seconds is None and a.steps is None:
         a.seconds = 20.0
     if a.seconds is not None and a.seconds <= 0:
@@ -130,6 +139,23 @@ def init_gloo(rank: int, world: int) -> None:
                             rank=rank, world_size=world)
 
 
+def save_checkpoint(a, model, opt, step: int, extra) -> None:
+    """torch.save model+optimizer (and ``extra``) into --checkpoint-dir; with --fsync the file
+    is on the disk before it replaces the previous one (what a careful trainer does)."""
+    import torch
+
+    path = os.path.join(a.checkpoint_dir, "ckpt-0.pt")
+    state = {"model": model.state_dict(), "opt": opt.state_dict(), "step": step}
+    if extra is not None:
+        state["extra"] = extra
+    with open(path + ".tmp", "wb") as f:
+        torch.save(state, f)
+        if a.fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(path + ".tmp", path)
+
+
 def main(argv: list[str] | None = None) -> int:
     a = parse_args(argv)
     import torch
@@ -161,13 +187,15 @@ def main(argv: list[str] | None = None) -> int:
     x, y = make(max(a.batch * 16, 256), g)
     loader = DataLoader(TensorDataset(x, y), batch_size=a.batch, shuffle=True, drop_last=True,
                         generator=g, num_workers=a.workers)
-    if a.checkpoint_every and not a.checkpoint_dir:
+    if (a.checkpoint_every or a.checkpoint_every_s) and not a.checkpoint_dir:
         import tempfile
         a.checkpoint_dir = tempfile.mkdtemp(prefix="train-ckpt-")
     attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
     sync_every = 10
     stop = torch.zeros(1)
     t0 = time.time()
+    next_ckpt = t0 + a.checkpoint_every_s
+    extra = torch.zeros(a.checkpoint_extra_mb * (1 << 18)) if a.checkpoint_extra_mb else None
     last_log_t, last_log_step = t0, 0
     step = 0
     done = False
@@ -192,11 +220,11 @@ def main(argv: list[str] | None = None) -> int:
                 with torch.no_grad():
                     for _ in range(a.eval_batches):
                         model(make(a.batch, g)[0])
-            if a.checkpoint_every and step % a.checkpoint_every == 0 and rank == 0:
-                path = os.path.join(a.checkpoint_dir, f"ckpt-{rank}.pt")
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                            "step": step}, path + ".tmp")
-                os.replace(path + ".tmp", path)
+            due = a.checkpoint_every_s and time.time() >= next_ckpt
+            if due:
+                next_ckpt += a.checkpoint_every_s
+            if (due or a.checkpoint_every and step % a.checkpoint_every == 0) and rank == 0:
+                save_checkpoint(a, model, opt, step, extra)
             if a.log_every and rank == 0 and step % a.log_every == 0:
                 now = time.time()
                 print(f"step {step:6d}  loss {loss.item():.4f}  "

@@ -342,8 +342,8 @@ def main(argv: list[str] | None = None) -> int:
     # --split: record/score only this split (tune on dev, report test; default dev); --results
     bench_results.add_args(ap, extra_splits=("all",))
     ap.add_argument("--extra-clean", type=int, default=0, metavar="N",
-                    help="record only N more clean test-split runs (victim shapes in turn) "
-                         "into --out, for more clean hours")
+                    help="record only N more clean runs of --split (test unless dev; "
+                         "victim shapes in turn) into --out, for more clean hours")
     ap.add_argument("--seed", type=int, default=None,
                     help="seed of the split assignment and scenario draw (printed)")
     args = ap.parse_args(argv)
@@ -375,9 +375,10 @@ def main(argv: list[str] | None = None) -> int:
             import random
             rng = random.Random(seed)
             shapes = [v for v in VICTIMS if v != "ddp" or net]
-            scs = [{"name": f"test-xclean{seed}-{i:02d}-{shapes[i % len(shapes)]}",
+            split = "dev" if args.split == "dev" else "test"
+            scs = [{"name": f"{split}-xclean{seed}-{i:02d}-{shapes[i % len(shapes)]}",
                     "model": rng.choice(["mlp", "cnn", "rnn"]), "victim": shapes[i % len(shapes)],
-                    "seconds": args.seconds, "split": "test",
+                    "seconds": args.seconds, "split": split,
                     "net": shapes[i % len(shapes)] == "ddp", "inject": []}
                    for i in range(args.extra_clean)]
         if args.split != "all":

@@ -105,6 +105,9 @@ class DetectConfig(BaseModel):
                              "this many robust spreads")
     min_slowdown_pct: float = Field(10.0, ge=0, description="least iteration slowdown that "
                                     "counts as impact")
+    min_anomaly_s: float = Field(10.0, ge=0, description="evidence shorter than this is an "
+                                 "observation unless the iterations slowed (short-lived "
+                                 "system work is no anomaly)")
     stream_after_s: float = Field(3600.0, ge=0, description="runs longer than this are "
                                   "analysed from their feature store in bounded memory")
     fit_windows: int = Field(6000, ge=100, description="a streamed analysis fits its "

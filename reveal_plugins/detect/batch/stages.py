@@ -278,10 +278,18 @@ def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: Ev
             out.observations.append(j.item)
         else:
             weak += 1
+    judged = {id(a) for a in anomalies}
     with warnings.catch_warnings():    # GPU invariants and each GPU against its siblings
         warnings.simplefilter("ignore", RuntimeWarning)
         anomalies = gpu_findings(P, W, E, cfg, meta, events, anomalies, out)
-    set_anomalies(out, anomalies, weak, cfg)
+    kept = []
+    for a in anomalies:     # the GPU invariants' own findings (an XID, ECC) are never brief
+        o = brief(a, cfg) if id(a) in judged else None
+        if o:
+            out.observations.append(o)
+        else:
+            kept.append(a)
+    set_anomalies(out, kept, weak, cfg)
 
 
 def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
@@ -308,6 +316,22 @@ def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: E
                 out.append(js[k])
             k = m + 1
     return out
+
+
+def brief(a: dict, cfg: DetectConfig) -> dict | None:
+    """The observation an anomaly of the detectors becomes when its evidence lasted under
+    ``min_anomaly_s`` and the iterations did not slow (else None): a few seconds of a login,
+    a cron job, a package update's burst or one retransmit storm are real, but not what
+    holds a training job back.  Judged on the whole anomaly (after its parts are joined
+    again, and after the GPUs had their say on it), never on one part of it."""
+    if a["end"] - a["start"] >= cfg.min_anomaly_s or "impact" in a.get("families", ()):
+        return None
+    return {
+        "start": a["start"], "end": a["end"], "subsystem": a["subsystem"],
+        "score": a["score"], "evidence": a["evidence"][:5],
+        "why_not_anomaly": f"brief: {a['end'] - a['start']:.0f} s of evidence, under "
+                           f"min_anomaly_s ({cfg.min_anomaly_s:g} s), and the iterations "
+                           "did not slow down"}
 
 
 def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,

@@ -268,11 +268,15 @@ class Foreign:
             np.zeros(len(self.value), bool)
 
     def share(self, rows: np.ndarray) -> dict[str, float]:
-        """Per channel: the fraction of ``rows`` (an event's windows) above its bar."""
+        """Per channel: the fraction of ``rows`` (an event's windows) above its bar; under
+        ``"memory+storage"``, the fraction where any memory or storage channel is."""
         if not len(self.names) or not len(rows):
             return {}
-        on = (self.excess[rows] >= 1.0).mean(axis=0)
-        return {n: float(v) for n, v in zip(self.names, on)}
+        above = self.excess[rows] >= 1.0
+        out = {n: float(v) for n, v in zip(self.names, above.mean(axis=0))}
+        spec = [j for j, n in enumerate(self.names) if SUBSYSTEM[n] != "cpu"]
+        out[SPECIFIC] = float(above[:, spec].any(axis=1).mean()) if spec else 0.0
+        return out
 
     def support(self, rows: np.ndarray) -> list[dict]:
         """Foreign channels above their bar over ``rows`` (an event's windows), strongest
@@ -412,6 +416,10 @@ _DEVICE_BUSY = re.compile(r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|fl
                           r"in_flight)$")
 
 
+#: Key of :meth:`Foreign.share` for "any memory or storage channel above its bar".
+SPECIFIC = "memory+storage"
+
+
 def subsystem(support: list[dict], share: dict[str, float] | None = None,
               symptoms: list[str] = ()) -> str | None:
     """The subsystem a foreign-load finding belongs to (None without support).
@@ -419,9 +427,12 @@ def subsystem(support: list[dict], share: dict[str, float] | None = None,
     By the share of the span each family carries (``share``: channel -> fraction of the
     event's windows above its bar), not by a fixed precedence: CPU is the carrier of almost
     every neighbour (a process that fills memory or writes a disk also burns CPU), so memory
-    or storage names the finding when it stood out for at least half as long as the foreign
-    CPU and either its own symptoms moved (``symptoms``: the symptom channels that fired; a
-    busy device alone is not a stall) or the CPU's did not.  A CPU hog that read its binary
+    or storage names the finding when, together, they stood out for at least half as long as
+    the foreign CPU, and the family's own symptoms moved (``symptoms``: the symptom channels
+    that fired; a busy device alone is not a stall) or the CPU's did not.  Between memory and
+    storage, the larger mean excess over the span wins (how far above its bar, for how
+    long): a neighbour that fills the page cache for a few seconds and whose pages then
+    reach the disk is one thing, judged by what weighs most.  A CPU hog that read its binary
     from a cold cache (a few seconds of reads before minutes of spinning) or that ran while
     the page cache of an earlier install was written back is a CPU neighbour.  Without
     ``share``: the specific family first."""
@@ -433,14 +444,14 @@ def subsystem(support: list[dict], share: dict[str, float] | None = None,
         specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
         return SUBSYSTEM[(specific or support)[0]["channel"]]
     symptoms = {subsystem_of(n) for n in symptoms if not _DEVICE_BUSY.match(n)}
-    by: dict[str, float] = {}
+    weight: dict[str, float] = {}
     for s in support:
         k = SUBSYSTEM[s["channel"]]
-        by[k] = max(by.get(k, 0.0), share.get(s["channel"], 0.0))
-    cpu = by.pop("cpu", None)
-    if cpu is None:
-        return max(by, key=by.get)
-    for k in sorted(by, key=lambda k: -by[k]):
-        if by[k] >= 0.5 * cpu and (k in symptoms or "cpu" not in symptoms):
-            return k
+        weight[k] = max(weight.get(k, 0.0), float(s["excess"]))
+    if "cpu" not in weight:
+        return max(weight, key=weight.get)
+    cpu = max(share.get(s["channel"], 0.0) for s in support if SUBSYSTEM[s["channel"]] == "cpu")
+    ok = [k for k in weight if k != "cpu" and (k in symptoms or "cpu" not in symptoms)]
+    if ok and share.get(SPECIFIC, 0.0) >= 0.5 * cpu:
+        return max(ok, key=weight.get)
     return "cpu"
