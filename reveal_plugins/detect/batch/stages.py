@@ -24,7 +24,8 @@ from .boundaries import at_edge, boundaries, steady_before, step_of, suppressed
 from . import model
 from .events import group, hysteresis, span
 from .features import channel_floors, feature_matrix, rel_floors
-from ..evidence.gpu import findings as gpu_findings, invariant_findings as gpu_invariants
+from ..evidence.gpu import as_observation, findings as gpu_findings, \
+    invariant_findings as gpu_invariants
 from ..evidence.hinting import hints_for
 from .prepare import PER_CORE, Prepared, informative
 from .report import host_of
@@ -326,12 +327,9 @@ def brief(a: dict, cfg: DetectConfig) -> dict | None:
     again, and after the GPUs had their say on it), never on one part of it."""
     if a["end"] - a["start"] >= cfg.min_anomaly_s or "impact" in a.get("families", ()):
         return None
-    return {
-        "start": a["start"], "end": a["end"], "subsystem": a["subsystem"],
-        "score": a["score"], "evidence": a["evidence"][:5],
-        "why_not_anomaly": f"brief: {a['end'] - a['start']:.0f} s of evidence, under "
-                           f"min_anomaly_s ({cfg.min_anomaly_s:g} s), and the iterations "
-                           "did not slow down"}
+    return as_observation(a, f"brief: {a['end'] - a['start']:.0f} s of evidence, under "
+                             f"min_anomaly_s ({cfg.min_anomaly_s:g} s), and the iterations "
+                             "did not slow down")
 
 
 def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
