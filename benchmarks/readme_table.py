@@ -372,6 +372,12 @@ ROWS = [
                    f"sampling thread "
                    f"{d['current_threads_pct_median'].get('reveal-sampler', float('nan')):.2f}"
                    f" %)",
+                   (f"prometheus-node-exporter scraped at 10 Hz, same spans: "
+                    f"{d['node_exporter_pct_median']:.2f} % "
+                    f"({d['node_exporter_pct_median'] / d['current_total_pct_median']:.1f}× "
+                    f"more); a Python loop that only wakes at 10 Hz: "
+                    f"{d['idle_loop_pct_median']:.2f} %; " if "node_exporter_pct_median" in d
+                    else "") +
                    f"revision {d['reference']['given']} alternating with it on the same machine:"
                    f" {d['reference_total_pct_median']:.2f} % (`reveal record -- sleep 50`, "
                    f"steady part)"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 import os
 import socket
 import time
@@ -190,6 +191,9 @@ class RunRegistry:
             raise
         st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta,
                       meta["start"], owner_fd=owner_fd)
+        if list(idx) != list(range(len(self.channels))):
+            st.host_pick = operator.itemgetter(*idx) if len(idx) > 1 else (
+                lambda row, i=tuple(idx): [row[j] for j in i])
         if previous is not None:  # the open steps are in the events the dead agent wrote
             for e in store.read_events(run_dir):
                 sid = str(e.get("step_id"))

@@ -54,3 +54,5 @@ class RunState:
     # rows start at the first tick that read every probe: a run registered while a tick was
     # being sampled would otherwise begin with NaN in its slow channels
     awaiting_full_read: bool = True
+    # picks host_idx out of a host row (a list); None when the run receives the whole row
+    host_pick: Any = None

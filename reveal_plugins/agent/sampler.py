@@ -19,6 +19,21 @@ from ..probes.probe import Probe
 log = logging.getLogger("reveal.agent")
 
 
+def _floats(row: list) -> np.ndarray:
+    """One row as floats; a value a probe should not have returned (a string, an object)
+    becomes NaN instead of costing the row."""
+    try:
+        return np.array(row, dtype=float)
+    except (TypeError, ValueError):
+        out = np.full(len(row), np.nan)
+        for i, v in enumerate(row):
+            try:
+                out[i] = v
+            except (TypeError, ValueError):
+                pass
+        return out
+
+
 class Sampler:
     """Mixin of :class:`~reveal_plugins.agent.daemon.Agent`: probes and the sampling loop."""
 
@@ -51,39 +66,42 @@ class Sampler:
         self.every = every
         self.channels = channels
         self.channel_names = [c.name for c in channels]
-        slow = np.zeros(len(channels), bool)
-        for (a, b), n in zip(slices, every):
-            slow[a:b] = n > 1
-        self._slow_mask = slow if slow.any() else None
-        self._held = np.full(len(channels), np.nan)
+        self._slow_every = sorted({n for n in every if n > 1})
+        # rows are plain lists on the sampling path: at 10 Hz the per-tick numpy calls cost more
+        # than the reads (a cold interpreter pays ~10 µs per call); one array per run per tick
+        self._nan_blocks = [[np.nan] * (b - a) for a, b in slices]
+        self._held: list[float] = [np.nan] * len(channels)
         self._read_all = True
         del pm
 
     def probe_table(self) -> list[dict[str, Any]]:
         return [p.describe() for p in self.all_probes]
 
-    def _sample_host(self) -> tuple[np.ndarray, np.ndarray, bool]:
+    def _sample_host(self) -> tuple[list[float], list[float], bool]:
         """Read the probes due on this tick.  Returns ``(row, held, full)``: ``row`` has NaN
         for the slow probes not read this tick (what is stored), ``held`` repeats their last
         values (what live consumers see), ``full`` says every probe was read."""
-        row = np.full(len(self.channels), np.nan)
         tick = self.ticks
         read_all, self._read_all = self._read_all, False
-        full = read_all or all(n == 1 or tick % n == 0 for n in self.every)
-        for p, (a, b), n in zip(self.probes, self.slices, self.every):
+        full = read_all or all(tick % n == 0 for n in self._slow_every)
+        row: list[float] = []
+        held = self._held.copy() if self._slow_every else row
+        for p, (a, b), n, nan in zip(self.probes, self.slices, self.every, self._nan_blocks):
             if n > 1 and tick % n and not read_all:
+                row.extend(nan)
                 continue
             try:
                 vals = p.sample()
                 if len(vals) != b - a:
                     raise ValueError(f"returned {len(vals)} values for {b - a} channels")
-                row[a:b] = vals
             except Exception as e:
                 self._probe_failed(p.name, e)
-        if self._slow_mask is None:
-            return row, row, True
-        held = np.where(self._slow_mask & np.isnan(row), self._held, row)
-        self._held = held
+                vals = nan
+            row.extend(vals)
+            if held is not row:
+                held[a:b] = vals
+        if held is not row:
+            self._held = held
         return row, held, full
 
     def _probe_failed(self, name: str, e: Exception) -> None:
@@ -100,7 +118,7 @@ class Sampler:
         snap = self._latest
         if snap is None:
             return None
-        return snap[0], dict(zip(self.channel_names, snap[1].tolist()))
+        return snap[0], dict(zip(self.channel_names, map(float, snap[1])))
 
     def sample_once(self) -> None:
         c0 = time.thread_time()
@@ -124,19 +142,20 @@ class Sampler:
                     except Exception as e:
                         self._probe_failed(p.name, e)
                         extra.extend([np.nan] * len(p.channels))
-                rrow = row[st.host_idx]
+                pick = st.host_pick
+                rrow = row if pick is None else list(pick(row))
                 if extra:
-                    rrow = np.concatenate([rrow, np.asarray(extra, dtype=float)])
+                    rrow = rrow + extra
                 try:
-                    st.writer.add(t, rrow, mono)
+                    st.writer.add(t, _floats(rrow), mono)
                 except Exception as e:  # disk full, directory removed: keep sampling
                     self._write_failed(st, f"segment: {type(e).__name__}: {e}")
                 if st.live is not None:
-                    lrow = held[st.host_idx]
+                    lrow = held if pick is None else list(pick(held))
                     if extra:
-                        lrow = np.concatenate([lrow, rrow[len(st.host_idx):]])
+                        lrow = lrow + extra
                     st.live_t.append(t)
-                    st.live_rows.append(lrow)
+                    st.live_rows.append(_floats(lrow))
         self.ticks += 1
         self.sample_cpu_s += time.thread_time() - c0
 
