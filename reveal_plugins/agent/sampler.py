@@ -118,7 +118,7 @@ class Sampler:
         snap = self._latest
         if snap is None:
             return None
-        return snap[0], dict(zip(self.channel_names, map(float, snap[1])))
+        return snap[0], dict(zip(self.channel_names, _floats(snap[1]).tolist()))
 
     def sample_once(self) -> None:
         c0 = time.thread_time()
