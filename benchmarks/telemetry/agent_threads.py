@@ -8,11 +8,11 @@ Each repetition runs ``reveal record --no-analyze -- sleep D`` twice, once with 
 revision's package (``git archive REV reveal_plugins``) on ``PYTHONPATH`` and once with this
 tree's, alternating, so that the machine's speed and noise hit both.  The agent's CPU is read
 per thread from ``/proc/<agent>/task/*/schedstat`` (nanoseconds on CPU) over the steady part
-of the run (after 8 s, until 12 s before the end).  Beside the current agent, over the same
-span: ``prometheus-node-exporter`` scraped at 10 Hz (its CPU) and a Python loop that only
-wakes up 10 times a second (the floor any 10 Hz Python sampler pays on this machine).  The agent names its threads in the kernel
-(``reveal-sampler``, ``reveal-features``, ...); an older reference may not, and then its
-threads are listed by id.  Results: ``benchmarks/telemetry/results/agent-threads-<split>-<date>
+of the run (after 8 s, until 12 s before the end).  Beside each agent, over the same span:
+``prometheus-node-exporter`` scraped at 10 Hz (its CPU) and a Python loop that only wakes up
+10 times a second (the floor any 10 Hz Python sampler pays on this machine).  The agent names
+its threads in the kernel (``reveal-sampler``, ``reveal-features``, ...); an older reference
+may not, and then its threads are listed by id.  Results: ``benchmarks/telemetry/results/agent-threads-<split>-<date>
 .json``.
 """
 from __future__ import annotations

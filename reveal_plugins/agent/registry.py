@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import logging
 import math
-import operator
 import os
 import socket
 import time
 from typing import Any
 
-import numpy as np
 
 from .. import __version__
 from ..hooks import hook
@@ -19,7 +17,7 @@ from ..probes import gpu_ids
 from . import protocol
 from ..store import store
 from ..probes.probe import Probe
-from .runstate import RunState, create_run_dir
+from .runstate import RunState, create_run_dir, host_picker
 
 log = logging.getLogger("reveal.agent")
 
@@ -189,11 +187,8 @@ class RunRegistry:
             if owner_fd is not None:
                 os.close(owner_fd)
             raise
-        st = RunState(run, writer, np.array(idx, dtype=np.intp), rprobes, channels, meta,
-                      meta["start"], owner_fd=owner_fd)
-        if list(idx) != list(range(len(self.channels))):
-            st.host_pick = operator.itemgetter(*idx) if len(idx) > 1 else (
-                lambda row, i=tuple(idx): [row[j] for j in i])
+        st = RunState(run, writer, host_picker(idx, len(self.channels)), rprobes, channels,
+                      meta, meta["start"], owner_fd=owner_fd)
         if previous is not None:  # the open steps are in the events the dead agent wrote
             for e in store.read_events(run_dir):
                 sid = str(e.get("step_id"))

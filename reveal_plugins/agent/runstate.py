@@ -1,9 +1,10 @@
 """What the agent keeps per registered run, and the limits on what its senders may write."""
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -32,11 +33,22 @@ def create_run_dir(path: str, uid: int | None, gid: int | None, spool: str) -> s
     return create_run_dir(path, uid=uid, gid=gid, spool=spool if inside else None)
 
 
+def host_picker(idx: list[int], n: int) -> Callable[[list[float]], Sequence[float]] | None:
+    """What picks columns ``idx`` out of an ``n``-channel host row (None: all of them, in
+    order, which is the common case of one run per agent)."""
+    if list(idx) == list(range(n)):
+        return None
+    if len(idx) > 1:
+        return operator.itemgetter(*idx)
+    return lambda row, i=tuple(idx): [row[j] for j in i]
+
+
 @dataclass
 class RunState:
     run: RunInfo
     writer: store.SegmentWriter
-    host_idx: np.ndarray              # columns of the host row this run receives
+    # the columns of the host row (a list) this run receives; None: the whole row, as is
+    host_pick: Callable[[list[float]], Sequence[float]] | None
     probes: list[Probe]               # run-scoped probes (cgroup, ...)
     channels: list[ChannelMeta]
     meta: dict[str, Any]
@@ -54,5 +66,3 @@ class RunState:
     # rows start at the first tick that read every probe: a run registered while a tick was
     # being sampled would otherwise begin with NaN in its slow channels
     awaiting_full_read: bool = True
-    # picks host_idx out of a host row (a list); None when the run receives the whole row
-    host_pick: Any = None
