@@ -16,11 +16,13 @@ GiB = 1 << 30
 
 def frame(seconds=150.0, cores=2, run_cores=None, foreign_cores=None, run_rss=None,
           foreign_mem=None, foreign_write=None, counters=None, migrate=False, seed=0,
-          run_write=None, writeback=None, foreign_cache=None):
+          run_write=None, writeback=None, foreign_cache=None, foreign_sys=0.0, dirtied=None):
     """Cumulative counters of a node running one job.  Each ``*_cores``/``*_mem``/``*_write``
     (bytes/s) argument is a function of the time since start (s) -> level; ``counters``:
     more counter channels, ``{name: (unit, rate function)}``; ``foreign_cache``: page-cache
-    growth nobody in the run read or wrote (bytes/s)."""
+    growth nobody in the run read or wrote (bytes/s); ``foreign_sys``: the share of the
+    foreign CPU spent in the kernel; ``dirtied``: file pages dirtied on the node (pages/s,
+    /proc/vmstat ``nr_dirtied``)."""
     rng = np.random.default_rng(seed)
     n = int(seconds / IV)
     t = T0 + np.arange(n) * IV
@@ -38,8 +40,9 @@ def frame(seconds=150.0, cores=2, run_cores=None, foreign_cores=None, run_rss=No
         cols.append(col)
 
     busy_ticks = node * HZ * IV
-    add("cpu.all.user", "ticks", "counter", np.cumsum(busy_ticks * 0.9))
-    add("cpu.all.system", "ticks", "counter", np.cumsum(busy_ticks * 0.1))
+    sys_ticks = busy_ticks * 0.1 + fc * foreign_sys * 0.9 * HZ * IV
+    add("cpu.all.user", "ticks", "counter", np.cumsum(busy_ticks - sys_ticks))
+    add("cpu.all.system", "ticks", "counter", np.cumsum(sys_ticks))
     add("cpu.all.nice", "ticks", "counter", np.zeros(n))
     add("cpu.all.idle", "ticks", "counter", np.cumsum((cores - node) * HZ * IV))
     add("cpu.all.iowait", "ticks", "counter", np.zeros(n))
@@ -73,10 +76,13 @@ def frame(seconds=150.0, cores=2, run_cores=None, foreign_cores=None, run_rss=No
         add("storage.sda.write_sectors", "sectors", "counter", np.cumsum(fw * IV / 512))
         add("storage.run.read_bytes", "bytes", "counter", np.zeros(n))
         add("storage.run.write_bytes", "bytes", "counter", np.cumsum(rate(run_write) * IV))
-    if foreign_cache:
-        growth = np.array([foreign_cache(x) for x in rel])
+    if foreign_cache or dirtied:
+        growth = np.array([foreign_cache(x) for x in rel]) if foreign_cache else np.zeros(n)
         add("memory.Cached", "kB", "gauge", (4 * GiB + np.cumsum(growth * IV)) / 1024)
         add("storage.run.rchar", "bytes", "counter", np.cumsum(np.full(n, 1e5) * IV))
+    if dirtied:
+        add("memory.vm.nr_dirtied", "count", "counter",
+            np.cumsum(np.array([dirtied(x) for x in rel]) * IV))
     for name, (unit, f) in (counters or {}).items():
         rate = np.array([f(x) for x in rel]) * (1 + np.abs(rng.normal(0, 0.05, n)))
         add(name, unit, "counter", np.cumsum(rate * IV))
@@ -352,3 +358,69 @@ def test_page_cache_filler_is_named_by_its_memory_and_disk_not_its_cpu():
     sup = {f["channel"] for f in det.anomalies[0]["foreign"]["support"]}
     assert {"cpu.foreign.cores", "memory.foreign.cache_growth",
             "storage.foreign.write_bytes"} <= sup, sup
+
+
+def _storm(dirtied):
+    """A neighbour in the kernel for 20 s (0.9 core, 70 % system time), the job's threads
+    waiting for a core: a create/write/unlink storm when it dirties file pages that never
+    stay in the page cache nor reach the disk, else some other kernel-bound process."""
+    on = lambda x: 60 <= x < 80                                     # noqa: E731
+    return frame(foreign_cores=lambda x: 0.9 if on(x) else 0.0, cores=2, seconds=120,
+                 foreign_sys=0.7, run_write=lambda x: 0.0,
+                 dirtied=lambda x: (36000.0 if on(x) else 2.0) if dirtied else 2.0,
+                 counters={"cpu.psi.some_total": ("us", lambda x: 4e5 if on(x) else 1e3)})
+
+
+@pytest.mark.parametrize("dirtied,named", [(True, "storage"), (False, "cpu")])
+def test_file_storm_neighbour_is_storage_by_the_pages_it_dirtied(dirtied, named):
+    """Issue 21 (attribution): a metadata storm beside a multi-threaded job takes a core,
+    mostly in the kernel, and the job's CPU pressure rises; nothing reaches the disk.  The
+    140 MB/s of file pages it dirtied and deleted (``nr_dirtied`` minus the run's own
+    ``write_bytes`` and the page cache's growth) name it ``storage``; the same kernel-bound
+    neighbour without them stays ``cpu``."""
+    t, v, ch = _storm(dirtied)
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == [named], det.anomalies
+    sup = {f["channel"] for f in det.anomalies[0]["foreign"]["support"]}
+    assert ("storage.foreign.dirtied_bytes" in sup) == dirtied, sup
+    if dirtied:
+        assert "did not keep" in " ".join(h["why"] for h in det.anomalies[0]["hints"])
+
+
+def test_the_runs_own_rewrites_are_not_foreign_dirtying():
+    """The job rewrites its own file at 100 MiB/s for 10 s (a checkpoint overwritten in
+    place: pages dirtied, the page cache does not grow): its ``write_bytes`` covers every
+    page, so no foreign dirtying and no anomaly."""
+    MiB = 1 << 20
+    on = lambda x: 60 <= x < 70                                     # noqa: E731
+    t, v, ch = frame(seconds=120, run_write=lambda x: 100 * MiB if on(x) else 0.0,
+                     writeback=lambda x: 100 * MiB if 90 <= x < 100 else 0.0,
+                     dirtied=lambda x: 100 * MiB / 4096 if on(x) else 2.0)
+    det = run(t, v, ch)
+    assert det.anomalies == [], det.anomalies
+
+
+def test_page_cache_reread_in_the_kernel_is_memory():
+    """Issue 21 (attribution): a neighbour fills the page cache at 400 MB/s for 8 s, then
+    reads the file back from the cache for 14 s (a whole core of system time, nothing new in
+    the cache), beside a job whose CPU pressure rises.  The kernel time is its file work:
+    ``memory``, by the page cache it filled, not ``cpu``."""
+    MiB = 1 << 20
+    on = lambda x: 60 <= x < 82                                     # noqa: E731
+    t, v, ch = frame(foreign_cores=lambda x: 1.0 if on(x) else 0.0, cores=2, seconds=130,
+                     foreign_sys=1.0, foreign_cache=lambda x: 400 * MiB if 60 <= x < 68 else 0.0,
+                     counters={"cpu.psi.some_total": ("us", lambda x: 4e5 if on(x) else 1e3)})
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["memory"], det.anomalies
+
+
+def test_cpu_hog_holding_a_large_array_is_cpu():
+    """A CPU hog in user mode that holds 700 MiB (an array it thrashes) beside a job whose
+    CPU pressure rises: memory held is no memory neighbour's work, the CPU is the cause."""
+    MiB = 1 << 20
+    on = lambda x: 60 <= x < 82                                     # noqa: E731
+    t, v, ch = frame(foreign_cores=lambda x: 1.0 if on(x) else 0.0, cores=2, seconds=130,
+                     foreign_mem=lambda x: 700 * MiB if on(x) else 0.0,
+                     counters={"cpu.psi.some_total": ("us", lambda x: 4e5 if on(x) else 1e3)})
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["cpu"], det.anomalies

@@ -57,3 +57,23 @@ def test_clean_busy_job_has_no_anomaly(tmp_path, report_schema_validate):
         pytest.skip(f"other processes used {others:.2f} cores during both recordings: "
                     "not a clean run on this shared machine")
     assert rep["anomalies"] == [], (log[-3000:], others)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_file_storm_neighbour_is_storage(tmp_path, report_schema_validate):
+    """Issue 21 (attribution): a create/write/stat/rename/unlink storm
+    (``benchmarks/detection/injectors.py metadata``) from +15 s to +32 s of the job.  Nothing
+    reaches the disk and its CPU is mostly kernel time; the file pages it dirtied and deleted
+    (``/proc/vmstat nr_dirtied`` minus the run's own ``write_bytes``) name it ``storage``."""
+    inj = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                       "benchmarks", "detection", "injectors.py")
+    storm = [sys.executable, inj, "metadata", "17", "--dir", str(tmp_path)]
+    rep, others, log = record(str(tmp_path / "run"), 15.0, 17.0, hog_cmds=[storm])
+    report_schema_validate(rep)
+    found = [a for a in rep["anomalies"]
+             if "storage.foreign.dirtied_bytes" in
+             [f["channel"] for f in (a.get("foreign") or {}).get("support", [])]]
+    assert found, (rep["anomalies"], log[-3000:], others)
+    assert found[0]["subsystem"] == "storage", found[0]
+    assert 8 <= found[0]["start"] - rep["run"]["start"] <= 22, found[0]

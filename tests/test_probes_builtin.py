@@ -23,3 +23,29 @@ def test_host_and_run_probes_come_from_their_modules():
 def test_a_missing_module_of_ours_is_an_error_not_an_absent_probe():
     with pytest.raises(ImportError):
         builtin_probes._optional("no_such_probe_module", "X")
+
+
+def test_vmstat_dirtied_and_written_are_counters_of_this_kernel():
+    """``nr_dirtied``/``nr_written`` count pages since boot (foreign file churn is their
+    rate); the other ``nr_*`` fields are gauges of pages now.  Read from this machine's
+    /proc/vmstat: both grow across a file written and fsync'd."""
+    import tempfile
+
+    from reveal_plugins.probes.procfs import VmstatProbe
+
+    p = VmstatProbe()
+    p.open()
+    kinds = {c.name: c.kind for c in p.channels}
+    assert kinds["memory.vm.nr_dirtied"] == "counter", kinds
+    assert kinds["memory.vm.nr_written"] == "counter", kinds
+    assert kinds["memory.vm.nr_dirty"] == "gauge", kinds
+    names = [c.name for c in p.channels]
+    before = dict(zip(names, p.sample()))
+    with tempfile.NamedTemporaryFile(dir=os.path.expanduser("~")) as f:
+        f.write(os.urandom(1 << 20))
+        f.flush()
+        os.fsync(f.fileno())
+        after = dict(zip(names, p.sample()))
+    p.close()
+    assert after["memory.vm.nr_dirtied"] - before["memory.vm.nr_dirtied"] >= 256 * 0.9
+    assert after["memory.vm.nr_written"] > before["memory.vm.nr_written"]

@@ -89,14 +89,17 @@ def _wait_registered(out: str, limit_s: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def record(out: str, hog_at: float | None = None, hog_s: float = 0.0):
+def record(out: str, hog_at: float | None = None, hog_s: float = 0.0,
+           hog_cmds: list[list[str]] | None = None):
     """Record the job; two hogs for ``hog_s`` seconds, started ``hog_at`` s after the run
     registered (None: a second before `reveal record`, stopped ``hog_s`` s after the run
-    registered).  Returns (report, other people's mean CPU, log)."""
+    registered).  ``hog_cmds``: other neighbours instead of the two busy loops (each command
+    is killed at the end of its span).  Returns (report, other people's mean CPU, log)."""
+    cmds = hog_cmds or [[sys.executable, "-c", HOG]] * 2
     others = Others()
     others.start()
     early = hog_s > 0 and hog_at is None
-    hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)] if early else []
+    hogs = [subprocess.Popen(c) for c in cmds] if early else []
     try:
         time.sleep(1.0 if early else 0)
         rec = subprocess.Popen([sys.executable, "-m", "reveal_plugins.cli", "record", "--out",
@@ -108,7 +111,7 @@ def record(out: str, hog_at: float | None = None, hog_s: float = 0.0):
         _wait_registered(out)
         if hog_s > 0 and hog_at is not None:
             time.sleep(hog_at)
-            hogs = [subprocess.Popen([sys.executable, "-c", HOG]) for _ in range(2)]
+            hogs = [subprocess.Popen(c) for c in cmds]
             time.sleep(hog_s)
         elif early:
             time.sleep(hog_s)

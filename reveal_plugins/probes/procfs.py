@@ -156,7 +156,10 @@ class MeminfoProbe(TokenFileProbe):
 VMSTAT_PREFIXES = (b"pgpg", b"pswp", b"pgfault", b"pgmajfault", b"pgscan_", b"pgsteal_",
                    b"allocstall", b"compact_stall", b"oom_kill", b"workingset_refault",
                    b"thp_fault_alloc", b"numa_hit", b"numa_miss", b"numa_foreign",
-                   b"nr_dirty", b"nr_writeback", b"nr_free_pages", b"pgrefill", b"drop_")
+                   b"nr_dirty", b"nr_writeback", b"nr_free_pages", b"pgrefill", b"drop_",
+                   b"nr_dirtied", b"nr_written")
+#: ``nr_*`` fields that count events since boot (the others are gauges of pages now).
+VMSTAT_NR_COUNTERS = ("nr_dirtied", "nr_written")
 NETSTAT_KEEP = {"TCPTimeouts", "TCPLostRetransmit", "TCPFastRetrans", "TCPSlowStartRetrans",
                 "TCPRetransFail", "TCPSynRetrans", "ListenDrops", "ListenOverflows",
                 "TCPBacklogDrop", "TCPRcvQDrop", "TCPZeroWindowDrop", "TCPOFOQueue",
@@ -178,7 +181,8 @@ class VmstatProbe(TokenFileProbe):
 
     def meta(self, key):
         k = key.rsplit(".", 1)[1]
-        gauge = k.startswith("nr_") and not k.startswith("nr_unaccepted") or k.endswith("_high")
+        gauge = (k.startswith("nr_") and k not in VMSTAT_NR_COUNTERS
+                 and not k.startswith("nr_unaccepted") or k.endswith("_high"))
         return ChannelMeta(key, "pages" if gauge else "count", "gauge" if gauge else "counter",
                            self.name)
 

@@ -44,6 +44,7 @@ import numpy as np
 from ..batch.events import true_runs
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 _MiB = 1024.0 * 1024.0
 
 #: Practical minimum of each foreign channel's bar (its unit: cores, bytes, bytes/s).
@@ -53,6 +54,7 @@ MINIMUM = {
     "memory.foreign.cache_growth": 16 * _MiB,
     "storage.foreign.read_bytes": 4 * _MiB,
     "storage.foreign.write_bytes": 4 * _MiB,
+    "storage.foreign.dirtied_bytes": 16 * _MiB,
 }
 #: Absolute levels: sustained foreign load at or above these is a finding whatever the run's
 #: own median (cores; bytes/s).  Calibrated on clean recordings of this VM (docs/detection.md:
@@ -187,6 +189,21 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
                 own = own + np.nan_to_num(col(n))
         if "storage.run.rchar" in idx or "storage.run.read_bytes" in idx:
             add("memory.foreign.cache_growth", np.maximum(growth - own, 0.0), "bytes/s")
+    if "memory.vm.nr_dirtied" in idx and "storage.run.rchar" in idx \
+            and "storage.run.write_bytes" in idx:
+        # File pages dirtied on the node that neither the run's own writes nor the page
+        # cache's growth account for: data rewritten in place, or written and deleted before
+        # it reached the disk (a create/write/unlink storm), by someone else.  Only with
+        # process-tree accounting: /proc/PID/io counts write_bytes when a page is dirtied,
+        # as nr_dirtied does; a cgroup's io.stat counts at writeback instead.
+        dirtied = col("memory.vm.nr_dirtied") * PAGE_BYTES
+        kept = np.zeros(len(X))
+        if "memory.Cached" in idx:
+            kept = np.maximum(np.nan_to_num(
+                _ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0), 0.0)
+        add("storage.foreign.dirtied_bytes",
+            np.maximum(dirtied - np.nan_to_num(col("storage.run.write_bytes")) - kept, 0.0),
+            "bytes/s")
     for leaf in ("read_bytes", "write_bytes"):
         if leaf in sectors and f"storage.run.{leaf}" in idx:
             add(f"storage.foreign.{leaf}", sectors[leaf] - col(f"storage.run.{leaf}"),
@@ -217,6 +234,7 @@ class Foreign:
     bar: np.ndarray = field(default_factory=lambda: np.zeros(0))
     level: np.ndarray = field(default_factory=lambda: np.zeros(0))   # absolute (inf: none)
     sustain: int = SUSTAIN_WINDOWS
+    user: np.ndarray | None = None   # (m,) foreign user-mode cores, where known
 
     @property
     def relative(self) -> np.ndarray:
@@ -269,13 +287,26 @@ class Foreign:
 
     def share(self, rows: np.ndarray) -> dict[str, float]:
         """Per channel: the fraction of ``rows`` (an event's windows) above its bar; under
-        ``"memory+storage"``, the fraction where any memory or storage channel is."""
+        :data:`SPECIFIC`, where any memory or storage channel is; under :data:`ACTIVE`,
+        where any :data:`ACTIVITY` channel is; under :data:`CPU_USER`, where the foreign CPU
+        is above its bar and at least half of it in user mode."""
         if not len(self.names) or not len(rows):
             return {}
         above = self.excess[rows] >= 1.0
         out = {n: float(v) for n, v in zip(self.names, above.mean(axis=0))}
-        spec = [j for j, n in enumerate(self.names) if SUBSYSTEM[n] != "cpu"]
-        out[SPECIFIC] = float(above[:, spec].any(axis=1).mean()) if spec else 0.0
+
+        def any_of(cols: list[int]) -> float:
+            return float(above[:, cols].any(axis=1).mean()) if cols else 0.0
+
+        out[SPECIFIC] = any_of([j for j, n in enumerate(self.names) if SUBSYSTEM[n] != "cpu"])
+        out[ACTIVE] = any_of([j for j, n in enumerate(self.names) if n in ACTIVITY])
+        if "cpu.foreign.cores" in self.names:
+            j = self.names.index("cpu.foreign.cores")
+            on = above[:, j]
+            if self.user is not None:
+                with np.errstate(invalid="ignore"):
+                    on = on & ~(self.user[rows] < 0.5 * self.value[rows, j])
+            out[CPU_USER] = float(on.mean())
         return out
 
     def support(self, rows: np.ndarray) -> list[dict]:
@@ -366,8 +397,10 @@ def family(means: np.ndarray, names: list[str], ref: np.ndarray, start: np.ndarr
     center = np.nan_to_num(center)
     mins = np.array([MINIMUM[n] for n in present])
     bar = np.maximum(z * np.nan_to_num(mad), mins)
+    user = (means[:, idx["cpu.foreign.user_cores"]].astype(np.float64)
+            if "cpu.foreign.user_cores" in idx else None)
     return Foreign(present, np.array([idx[n] for n in present], np.intp), V, center, bar,
-                   levels(present, node_cores(means, names)), sustain)
+                   levels(present, node_cores(means, names)), sustain, user)
 
 
 def _unmatched_writes(node: np.ndarray, run: np.ndarray, start: np.ndarray,
@@ -406,7 +439,12 @@ def _unmatched_writes(node: np.ndarray, run: np.ndarray, start: np.ndarray,
 #: How a foreign channel speaks for a subsystem.
 SUBSYSTEM = {"cpu.foreign.cores": "cpu", "memory.foreign.used": "memory",
              "memory.foreign.cache_growth": "memory", "storage.foreign.read_bytes": "storage",
-             "storage.foreign.write_bytes": "storage"}
+             "storage.foreign.write_bytes": "storage", "storage.foreign.dirtied_bytes": "storage"}
+#: Foreign channels only the neighbour's own work *now* moves: no CPU hog fills the page
+#: cache for long or dirties file pages, and no earlier writer's writeback shows there.  Disk
+#: bytes are not among them (the writeback of an install, a CPU hog's binary read cold), nor
+#: memory held (any process holds some; a CPU hog with a large array holds much).
+ACTIVITY = ("memory.foreign.cache_growth", "storage.foreign.dirtied_bytes")
 
 
 #: Symptoms of a busy device, not of anyone waiting for it: the queue time a neighbour's own
@@ -416,26 +454,32 @@ _DEVICE_BUSY = re.compile(r"^storage\.[^.]+\.(weighted_io_ms|read_ms|write_ms|fl
                           r"in_flight)$")
 
 
-#: Key of :meth:`Foreign.share` for "any memory or storage channel above its bar".
+#: Keys of :meth:`Foreign.share`: any memory or storage channel above its bar; any
+#: :data:`ACTIVITY` channel; the foreign CPU above its bar and mostly in user mode.
 SPECIFIC = "memory+storage"
+ACTIVE = "activity"
+CPU_USER = "cpu.user"
 
 
 def subsystem(support: list[dict], share: dict[str, float] | None = None,
               symptoms: list[str] = ()) -> str | None:
     """The subsystem a foreign-load finding belongs to (None without support).
 
-    By the share of the span each family carries (``share``: channel -> fraction of the
-    event's windows above its bar), not by a fixed precedence: CPU is the carrier of almost
-    every neighbour (a process that fills memory or writes a disk also burns CPU), so memory
-    or storage names the finding when, together, they stood out for at least half as long as
-    the foreign CPU, and the family's own symptoms moved (``symptoms``: the symptom channels
-    that fired; a busy device alone is not a stall) or the CPU's did not.  Between memory and
-    storage, the larger mean excess over the span wins (how far above its bar, for how
-    long): a neighbour that fills the page cache for a few seconds and whose pages then
-    reach the disk is one thing, judged by what weighs most.  A CPU hog that read its binary
-    from a cold cache (a few seconds of reads before minutes of spinning) or that ran while
-    the page cache of an earlier install was written back is a CPU neighbour.  Without
-    ``share``: the specific family first."""
+    By the share of the span each family carries (``share``: :meth:`Foreign.share`), not by
+    a fixed precedence.  CPU is the carrier of almost every neighbour (a process that fills
+    memory or writes a disk also burns CPU), so memory or storage names the finding when,
+    together, they stood out for at least half as long as the foreign CPU did in user mode:
+    a neighbour's kernel time is spent on its file, memory or network work (reading a file
+    from the page cache, a create/unlink storm), and speaks for that work, not for the CPU.
+
+    Which memory and storage channels may speak: all of a family's when its own symptoms
+    moved (``symptoms``: the symptom channels that fired; a busy device alone is not a
+    stall) or the CPU's did not; otherwise only :data:`ACTIVITY` channels.  A CPU hog that
+    read its binary from a cold cache, ran while the page cache of an earlier install was
+    written back, or holds a large array is a CPU neighbour: disk bytes and memory held do
+    not outweigh its CPU pressure, while filling the page cache or dirtying file pages is
+    what only a memory or file neighbour does.  Between memory and storage, the larger
+    excess of their speaking channels wins.  Without ``share``: the specific family first."""
     from .attribution import subsystem_of
 
     if not support:
@@ -443,15 +487,24 @@ def subsystem(support: list[dict], share: dict[str, float] | None = None,
     if share is None:
         specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
         return SUBSYSTEM[(specific or support)[0]["channel"]]
-    symptoms = {subsystem_of(n) for n in symptoms if not _DEVICE_BUSY.match(n)}
-    weight: dict[str, float] = {}
-    for s in support:
-        k = SUBSYSTEM[s["channel"]]
-        weight[k] = max(weight.get(k, 0.0), float(s["excess"]))
-    if "cpu" not in weight:
+
+    def strongest(sup: list[dict]) -> str:
+        weight: dict[str, float] = {}
+        for s in sup:
+            k = SUBSYSTEM[s["channel"]]
+            weight[k] = max(weight.get(k, 0.0), float(s["excess"]))
         return max(weight, key=weight.get)
-    cpu = max(share.get(s["channel"], 0.0) for s in support if SUBSYSTEM[s["channel"]] == "cpu")
-    ok = [k for k in weight if k != "cpu" and (k in symptoms or "cpu" not in symptoms)]
-    if ok and share.get(SPECIFIC, 0.0) >= 0.5 * cpu:
-        return max(ok, key=weight.get)
+
+    if all(SUBSYSTEM[s["channel"]] != "cpu" for s in support):
+        return strongest(support)
+    symptoms = {subsystem_of(n) for n in symptoms if not _DEVICE_BUSY.match(n)}
+    full = {SUBSYSTEM[s["channel"]] for s in support if SUBSYSTEM[s["channel"]] != "cpu"
+            and (SUBSYSTEM[s["channel"]] in symptoms or "cpu" not in symptoms)}
+    speak = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"
+             and (SUBSYSTEM[s["channel"]] in full or s["channel"] in ACTIVITY)]
+    if not speak:
+        return "cpu"
+    cpu = share.get(CPU_USER, share.get("cpu.foreign.cores", 0.0))
+    if share.get(SPECIFIC if full else ACTIVE, 0.0) >= 0.5 * cpu:
+        return strongest(speak)
     return "cpu"

@@ -101,6 +101,9 @@ _FOREIGN_WHAT = {
     "memory.foreign.cache_growth": ("filled the page cache at {v}", "bytes/s"),
     "storage.foreign.read_bytes": ("read {v} from the disks", "bytes/s"),
     "storage.foreign.write_bytes": ("wrote {v} to the disks", "bytes/s"),
+    "storage.foreign.dirtied_bytes": ("wrote {v} into files that the page cache did not keep "
+                                      "(rewritten, or deleted before reaching the disk)",
+                                      "bytes/s"),
 }
 
 

@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 #: Columns every window keeps in memory (foreign-load family and its corrections).
 _FOREIGN_COLS = tuple(fl.MINIMUM) + ("storage.all.write_bytes", "storage.run.write_bytes",
-                                     "memory.MemAvailable") + tuple(
+                                     "memory.MemAvailable", "cpu.foreign.user_cores") + tuple(
     f"cpu.all.{k}" for k in fl.BUSY + ("idle", "iowait", "steal"))   # fl.node_cores
 
 #: GPU channels the GPU invariants and the GPU peer comparison read (kept for every window).

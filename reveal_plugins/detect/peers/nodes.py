@@ -449,7 +449,8 @@ def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray,
         warnings.simplefilter("ignore", RuntimeWarning)
         node = np.nanmean(rows, axis=0)
         change, above = node - level, node - np.nanmean(peers, axis=0)
-    for sub, chans in (("storage", ("storage.foreign.write_bytes", "storage.foreign.read_bytes")),
+    for sub, chans in (("storage", ("storage.foreign.write_bytes", "storage.foreign.read_bytes",
+                                    "storage.foreign.dirtied_bytes")),
                        ("memory", ("memory.foreign.used",))):
         for ch in chans:
             if ch in names:
