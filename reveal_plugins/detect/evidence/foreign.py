@@ -181,8 +181,10 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
         # meminfo is read once a second (NaN between reads): hold the last reading
         used = _hold(used)
         add("memory.foreign.used", used - _hold(col(run_mem)), "bytes")
-    if "memory.Cached" in idx:
-        growth = _ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0
+    # the page cache's growth (bytes/s), once: foreign cache growth and dirtied pages use it
+    growth = (_ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0
+              if "memory.Cached" in idx else None)
+    if growth is not None:
         own = np.zeros(len(X))
         for n in ("storage.run.rchar", "storage.run.wchar", "storage.run.read_bytes"):
             if n in idx:
@@ -197,10 +199,7 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
         # process-tree accounting: /proc/PID/io counts write_bytes when a page is dirtied,
         # as nr_dirtied does; a cgroup's io.stat counts at writeback instead.
         dirtied = col("memory.vm.nr_dirtied") * PAGE_BYTES
-        kept = np.zeros(len(X))
-        if "memory.Cached" in idx:
-            kept = np.maximum(np.nan_to_num(
-                _ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0), 0.0)
+        kept = np.maximum(np.nan_to_num(growth), 0.0) if growth is not None else 0.0
         add("storage.foreign.dirtied_bytes",
             np.maximum(dirtied - np.nan_to_num(col("storage.run.write_bytes")) - kept, 0.0),
             "bytes/s")
