@@ -8,6 +8,7 @@ import pytest
 
 from reveal_plugins.hooks import get_plugin_manager, hookimpl
 from reveal_plugins.probes.probe import Probe
+from reveal_plugins.probes.procfs import TokenFileProbe
 from reveal_plugins.store import store
 from reveal_plugins.types import ChannelMeta, RunInfo
 
@@ -50,17 +51,37 @@ class NotANumber(Probe):
         return ["not a number", 2.0]
 
 
+class FileValue(TokenFileProbe):
+    """``value N`` in a file the test rewrites between ticks."""
+    name = "t.file"
+    path = ""          # set by the fixture (absolute: PROC is ignored)
+
+    def layout(self, toks):
+        return [(1, "system.t.file")]
+
+    def meta(self, key):
+        return _ch(key)
+
+
 class _Site:
+    def __init__(self, file_path):
+        self.file_path = file_path
+
     @hookimpl
     def reveal_register_probes(self, config):
-        return [Slow(), WrongLength(), NotANumber()]
+        f = FileValue()
+        f.path = self.file_path
+        return [Slow(), WrongLength(), NotANumber(), f]
 
 
 @pytest.fixture
-def site_probes():
+def site_probes(tmp_path):
+    path = str(tmp_path / "value")
+    with open(path, "w") as f:
+        f.write("value 0\n")
     pm = get_plugin_manager()
-    pm.register(_Site(), name="test-agent-tick")
-    yield
+    pm.register(_Site(path), name="test-agent-tick")
+    yield path
     pm.unregister(name="test-agent-tick")
 
 
@@ -99,3 +120,29 @@ def test_each_probe_costs_only_its_own_channels(tmp_path, site_probes):
     assert (v[:, 4] == 2.0).all()
     assert np.isnan(latest["system.t.odd_a"]) and latest["system.t.odd_b"] == 2.0
     assert np.isfinite(v[:, 5]).all()        # the built-in probes beside them
+
+
+def _set(path, v):
+    with open(path, "w") as f:
+        f.write(f"value {v}\n")
+
+
+def test_each_tick_stores_what_was_read_on_it(tmp_path, site_probes):
+    """Readings are parsed a second after they are taken (a 10 Hz wake-up only reads): the
+    row of each tick still holds what the file said at that tick, and whoever asks for the
+    latest values (the live loop, /metrics) gets the last tick's, not a second-old one."""
+    from reveal_plugins.agent.daemon import Agent
+    a = Agent(str(tmp_path / "spool"), interval_s=0.1, segment_s=10.0)
+    run_dir = str(tmp_path / "run")
+    a.register(RunInfo(run_id="r", source="test", run_dir=run_dir))
+    for k in range(1, 16):
+        _set(site_probes, k)
+        a.sample_once()
+        if k == 4:
+            assert a.latest()[1]["system.t.file"] == 4.0
+        time.sleep(0.1)
+    _set(site_probes, 99)        # never read: the run ends before another tick
+    a.unregister("r")
+    v = np.vstack([store.read_segment(p, ["system.t.file"])[1]
+                   for p in store.segment_paths(run_dir)])
+    assert v[:, 0].tolist() == [float(k) for k in range(1, 16)]

@@ -55,3 +55,30 @@ def test_bad_job_id_unavailable(tmp_path):
     p = JobScopeProbe(_run("../../etc"), cgroup_root=str(tmp_path))
     p.open()
     assert not p.available and "not a Slurm job id" in p.reason
+
+
+def test_readings_parsed_later_keep_the_source_they_were_taken_from(tmp_path):
+    """The agent takes readings every tick and parses them a second later: a switch of source
+    in between (the job's accounting cgroup appears after its processes were followed) starts
+    a new baseline at the reading where it happened, not at the parse."""
+    root = str(tmp_path)
+    frz = os.path.join(root, "freezer", "slurm", "uid_1001", "job_42")
+    _write(os.path.join(frz, "cgroup.procs"), f"{os.getpid()}\n")     # members only: a tree
+    p = JobScopeProbe(_run(), cgroup_root=root, rescan_every=1)
+    p.open()
+    assert p.mode == "process-tree"
+    r0 = p.read_raw()
+    acct = os.path.join(root, "cpuacct", "slurm", "uid_1001", "job_42")
+    _write(os.path.join(acct, "cpuacct.usage"), str(10_000 * 10**9))  # 10,000 s: not the tree's
+    _write(os.path.join(acct, "cgroup.procs"), f"{os.getpid()}\n")
+    r1 = p.read_raw()
+    assert p.mode == "cgroup"
+    _write(os.path.join(acct, "cpuacct.usage"), str(10_003 * 10**9))
+    r2 = p.read_raw()
+    names = [c.name for c in p.channels]
+    v0, v1, v2 = (dict(zip(names, p.parse_raw(r))) for r in (r0, r1, r2))
+    assert v0["system.run.nprocs"] == 1 and v0["cpu.run.usage"] < 1000    # the tree's
+    # the switch adds nothing (the cgroup's 10,000 s are not 10,000 s of this job's work) and
+    # the cgroup's own later change counts in full
+    assert v1["cpu.run.usage"] == v0["cpu.run.usage"]
+    assert abs(v2["cpu.run.usage"] - v1["cpu.run.usage"] - 3.0) < 1e-6

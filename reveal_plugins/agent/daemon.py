@@ -139,6 +139,7 @@ class Agent(Sampler, RunRegistry, LiveLoop, Housekeeping, RequestHandler):
     def _stop_now(self) -> None:
         hook().reveal_agent_stopping(agent=self)
         with self._lock:
+            self._drain()
             states = list(self._runs.values())
             self._runs.clear()
         for st in states:  # finalize what is open: an agent stop must not lose data

@@ -33,6 +33,7 @@ class LiveLoop:
         # what it reads of its peers is fresh, not up to one period old.
         while not self._stop.wait(every_s - time.time() % every_s):
             with self._lock:
+                self._drain()
                 work = []
                 for st in self._runs.values():
                     if st.live is not None and st.live_t:

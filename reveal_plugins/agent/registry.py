@@ -315,6 +315,7 @@ class RunRegistry:
 
     def unregister(self, run_id: str, exit_code: int | None = None) -> str:
         with self._lock:
+            self._drain()             # the ticks read so far are the run's too
             st = self._runs.pop(run_id, None)
             for other in (self._runs.values() if st is not None else ()):
                 self._event(other, "neighbour_end", run_id=run_id, job_id=st.run.job_id)

@@ -20,7 +20,7 @@ OOM events), ``storage.run.*`` (bytes), ``system.run.nprocs``.
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from ..types import ChannelMeta, RunInfo
 from .probe import NAN, Probe
@@ -79,10 +79,21 @@ class _Reader:
         parse(self.file.read())  # fail at open, not at every sample
 
     def read(self) -> list[float]:
+        return self.parse_raw(self.read_raw())
+
+    def read_raw(self) -> bytes | None:
         try:
-            return self.parse(self.file.read())
-        except (OSError, ValueError):
-            return [NAN] * len(self.channels)
+            return self.file.read()
+        except OSError:
+            return None
+
+    def parse_raw(self, raw: bytes | None) -> list[float]:
+        try:
+            if raw is not None:
+                return self.parse(raw)
+        except ValueError:
+            pass
+        return [NAN] * len(self.channels)
 
 
 def _ch(name: str, unit: str, kind: str, desc: str) -> ChannelMeta:
@@ -400,15 +411,17 @@ class ProcessTree:
         self.pids = [p for p in seen if p in self._files]
 
     def read(self) -> list[float]:
+        return self.parse_raw(self.read_raw())
+
+    def read_raw(self) -> list[tuple[bytes, bytes | None]]:
+        """``(stat, io)`` bytes of each process now (see :meth:`Probe.read_raw`)."""
         # Launchers fork their workers right after start: follow the tree on every sample for
         # the first ``startup`` samples, then every ``rescan_every`` (short-lived children
         # missed later still count, through the parent's cumulative child time).
         if self._n < self.startup or self._n % self.rescan_every == 0:
             self.rescan()
         self._n += 1
-        ut = st = rss = majflt = nthreads = 0.0
-        rb = wb = rc = wc = 0.0
-        nprocs = 0
+        out = []
         for p in self.pids:
             stf, iof = self._files[p]
             try:
@@ -417,6 +430,21 @@ class ProcessTree:
                 continue
             if not data:
                 continue
+            io = None
+            if iof is not None:
+                try:
+                    io = iof.read()
+                except OSError:
+                    pass
+            out.append((data, io))
+        return out
+
+    def parse_raw(self, raw: list[tuple[bytes, bytes | None]]) -> list[float]:
+        """The tree's sums from a :meth:`read_raw` reading, held monotonic (in reading order)."""
+        ut = st = rss = majflt = nthreads = 0.0
+        rb = wb = rc = wc = 0.0
+        nprocs = 0
+        for data, iodata in raw:
             # comm may contain spaces/parentheses: fields start after the last ')'
             f = data[data.rindex(b")") + 2:].split()
             # f[0] is field 3 (state): field k is f[k-3]
@@ -426,14 +454,14 @@ class ProcessTree:
             nthreads += float(f[17])
             rss += float(f[21]) * _PAGE
             nprocs += 1
-            if iof is not None:
+            if iodata is not None:
                 try:
-                    io = _kv(iof.read().replace(b":", b""))
+                    io = _kv(iodata.replace(b":", b""))
                     rc += float(io.get(b"rchar", 0))
                     wc += float(io.get(b"wchar", 0))
                     rb += float(io.get(b"read_bytes", 0))
                     wb += float(io.get(b"write_bytes", 0))
-                except (OSError, ValueError):
+                except ValueError:
                     pass
         if nprocs == 0:
             return [NAN] * 9 + [0.0, 0.0]
@@ -601,9 +629,17 @@ class CgroupProbe(Probe):
             self._tree.rescan()
 
     def sample(self) -> list[float]:
-        out: list[float] = self._tree.read() if self._tree else []
-        for r in self._readers:
-            out.extend(r.read())
+        return self.parse_raw(self.read_raw())
+
+    def read_raw(self) -> tuple[Any, list[bytes | None]]:
+        return (self._tree.read_raw() if self._tree else None,
+                [r.read_raw() for r in self._readers])
+
+    def parse_raw(self, raw: tuple[Any, list[bytes | None]]) -> list[float]:
+        tree, files = raw
+        out: list[float] = self._tree.parse_raw(tree) if self._tree else []
+        for r, b in zip(self._readers, files):
+            out.extend(r.parse_raw(b))
         return out
 
     def close(self) -> None:

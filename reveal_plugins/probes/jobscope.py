@@ -189,6 +189,8 @@ class JobScopeProbe(Probe):
         self._map: list[tuple[int, int]] = []     # (inner index, fixed index)
         self._last: list[float] | None = None
         self._acc = [0.0] * len(CHANNELS)
+        self._gen = 0                 # +1 per source dropped: readings say which they came from
+        self._parsed_gen = 0
 
     def open(self) -> None:
         if not self.job_id or not self.job_id.replace("_", "").isdigit():
@@ -249,24 +251,37 @@ class JobScopeProbe(Probe):
             self._tree.close()
         self._inner = self._tree = None
         self.mode = "none"
-        self._last = None          # the next source starts a new baseline for the deltas
+        self._gen += 1             # the next source starts a new baseline for the deltas
 
     def sample(self) -> list[float]:
+        return self.parse_raw(self.read_raw())
+
+    def read_raw(self) -> tuple:
+        """The source's reading, with what parsing it needs of the source as it is now (the
+        source may change before the reading is parsed)."""
         if self._n % self.rescan_every == 0:
             self._resolve()
         self._n += 1
-        raw: list[float] = []
-        if self._inner is not None:
-            raw = list(self._inner.sample())
-        elif self._tree is not None:
-            raw = self._tree.read()
-        cur = self._current(raw)      # this source's values in the fixed channel order
+        src: CgroupProbe | ProcessTree | None = self._inner if self._inner is not None \
+            else self._tree
+        return (self._gen, self.mode, self._map, src,
+                None if src is None else src.read_raw())
+
+    def parse_raw(self, raw: tuple) -> list[float]:
+        gen, mode, mapping, src, reading = raw
+        if gen != self._parsed_gen:
+            self._last, self._parsed_gen = None, gen
+        cur = [NAN] * len(CHANNELS)   # this source's values in the fixed channel order
+        if src is not None:
+            values = list(src.parse_raw(reading))
+            for i, j in mapping:
+                cur[j] = values[i]
         vals = list(cur)
-        if self.mode == "none":
+        if mode == "none":
             vals[_NAMES.index("system.run.nprocs")] = 0.0
         # counters: the sum of positive changes (a finished step's processes vanish)
         last = self._last
-        mapped = {j for _, j in self._map}
+        mapped = {j for _, j in mapping}
         for j, is_c in enumerate(_COUNTER):
             if not is_c or j not in mapped:   # a channel this source does not have stays NaN
                 continue
@@ -277,14 +292,8 @@ class JobScopeProbe(Probe):
             if last is not None and last[j] == last[j]:
                 self._acc[j] += max(0.0, v - last[j])
             vals[j] = self._acc[j]
-        self._last = cur if self.mode != "none" else None
+        self._last = cur if mode != "none" else None
         return vals
-
-    def _current(self, raw: list[float]) -> list[float]:
-        cur = [NAN] * len(CHANNELS)
-        for i, j in self._map:
-            cur[j] = raw[i]
-        return cur
 
     def close(self) -> None:
         self._drop()

@@ -48,7 +48,13 @@ class TokenFileProbe(Probe):
         self._ready([self.meta(k) for k in self.file.keys])
 
     def sample(self) -> list[float]:
-        return self.file.read()
+        return self.parse_raw(self.file.raw())
+
+    def read_raw(self) -> bytes:
+        return self.file.raw()
+
+    def parse_raw(self, raw: bytes) -> list[float]:
+        return self.file.parse(raw)
 
     def close(self) -> None:
         if getattr(self, "file", None):
@@ -90,8 +96,8 @@ class CpuStatProbe(TokenFileProbe):
                 extra.append(self.meta(f"cpu.all.{f}"))
         self.channels = self.channels + extra
 
-    def sample(self) -> list[float]:
-        vals = self.file.read()
+    def parse_raw(self, raw: bytes) -> list[float]:
+        vals = self.file.parse(raw)
         if self._sum:
             vals += [sum(vals[i] for i in pos) for pos in self._sum]
         return vals

@@ -88,7 +88,8 @@ def _merged(root: dict[int, dict], ingress: dict[int, dict]) -> dict[int, dict]:
     return root
 
 
-def dump(sock: socket.socket, seq: int) -> dict[int, dict]:
+def dump_raw(sock: socket.socket, seq: int) -> list[bytes]:
+    """The datagrams of one qdisc dump, unparsed."""
     req = _TCMSG.pack(socket.AF_UNSPEC, 0, 0, 0, 0)
     sock.send(_NLMSG.pack(_NLMSG.size + len(req), RTM_GETQDISC, NLM_F_REQUEST | NLM_F_DUMP,
                           seq, 0) + req)
@@ -98,7 +99,7 @@ def dump(sock: socket.socket, seq: int) -> dict[int, dict]:
         chunks.append(buf)
         if _done(buf):
             break
-    return parse_dump(chunks)
+    return chunks
 
 
 def _done(buf: bytes) -> bool:
@@ -145,16 +146,27 @@ class QdiscProbe(Probe):
                      for _, n in self.ifaces for f, kind in FIELDS])
 
     def _dump(self) -> dict[int, dict]:
+        return parse_dump(self._dump_raw())
+
+    def _dump_raw(self) -> list[bytes]:
         if self.sock is None:
             raise OSError("not open")
         self.seq += 1
-        return dump(self.sock, self.seq)
+        return dump_raw(self.sock, self.seq)
 
     def sample(self) -> list[float]:
+        return self.parse_raw(self.read_raw())
+
+    def read_raw(self) -> list[bytes] | None:
         try:
-            got = self._dump()
+            return self._dump_raw()
         except OSError:
+            return None
+
+    def parse_raw(self, raw: list[bytes] | None) -> list[float]:
+        if raw is None:
             return [NAN] * len(self.channels)
+        got = parse_dump(raw)
         out: list[float] = []
         for i, _ in self.ifaces:
             q = got.get(i)
