@@ -286,6 +286,34 @@ def test_io_neighbour_with_io_pressure_is_storage():
     assert [a["subsystem"] for a in det.anomalies] == ["storage"], det.anomalies
 
 
+def _live(t, v, ch):
+    from reveal_plugins.detect.live.analyzer import LiveAnalyzer
+    la = LiveAnalyzer(ch, IV, {})
+    found = []
+    for a in range(0, len(t), 20):
+        found += la.update(t[a:a + 20], v[a:a + 20])
+    return found
+
+
+@pytest.mark.parametrize("pressure, named", [("cpu.psi.some_total", "cpu"),
+                                             ("storage.psi.some_total", "storage")])
+def test_live_findings_name_a_neighbour_by_the_batch_rule(pressure, named):
+    """Live and job-end analysis name a neighbour by one rule (foreign.subsystem with the
+    span's shares and symptoms): a CPU hog while the page cache of an earlier install is
+    written back is ``cpu`` live too; the same writes with tasks stalled on the disk are
+    ``storage``."""
+    MiB = 1 << 20
+    on = lambda x: 60 <= x < 80                                     # noqa: E731
+    t, v, ch = frame(foreign_cores=lambda x: 1.3 if on(x) else 0.0, cores=2, seconds=120,
+                     foreign_write=lambda x: 60 * MiB if on(x) else 0.0,
+                     counters={"storage.sda.weighted_io_ms": (
+                         "ms", lambda x: 1500.0 if on(x) else 5.0),
+                         pressure: ("us", lambda x: 6e5 if on(x) else 1e3)})
+    found = _live(t, v, ch)
+    assert found and found[0]["subsystem"] == named, found
+    assert found[0]["subsystem"] == run(t, v, ch).anomalies[0]["subsystem"]
+
+
 def _write(run_dir, t, v, ch):
     """The frame as a run directory, written by the store's own writer."""
     import os

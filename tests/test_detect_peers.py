@@ -241,6 +241,17 @@ def test_live_names_the_suspect_within_10_s_of_onset(tmp_path):
     assert len(found) <= len(lives), [(t, s["node"]) for t, s in found]
 
 
+def test_live_a_cpu_hog_that_read_its_binary_first_is_cpu(tmp_path):
+    """Named live, ~10 s after onset, the hog's 2-s cold read is a third of the span so far
+    (at job end a tenth): it must not name the suspect ``storage`` then either."""
+    onset = 70.0
+    series = _with_foreign_reads(frames(3, seconds=110, fault=(1, "cpu", onset, 100), seed=21),
+                                 1, [(onset, onset + 2)])
+    found = _replay(_live_nodes(tmp_path, 3), series, 20, 100)
+    assert found and {(s["node"], s["subsystem"]) for _, s in found} == {("node01", "cpu")}, \
+        [(t, s["node"], s["subsystem"]) for t, s in found]
+
+
 def test_live_symptoms_alone_need_the_job_to_have_slowed(tmp_path):
     # the markers travel with the published blocks: a node's retransmissions while the job
     # kept its pace are not named live either; the same while it slowed are

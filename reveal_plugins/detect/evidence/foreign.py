@@ -38,6 +38,7 @@ import re
 import warnings
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -460,8 +461,8 @@ ACTIVE = "activity"
 CPU_USER = "cpu.user"
 
 
-def subsystem(support: list[dict], share: dict[str, float] | None = None,
-              symptoms: list[str] = ()) -> str | None:
+def subsystem(support: list[dict], share: dict[str, float],
+              symptoms: Sequence[str] = ()) -> str | None:
     """The subsystem a foreign-load finding belongs to (None without support).
 
     By the share of the span each family carries (``share``: :meth:`Foreign.share`), not by
@@ -478,15 +479,14 @@ def subsystem(support: list[dict], share: dict[str, float] | None = None,
     written back, or holds a large array is a CPU neighbour: disk bytes and memory held do
     not outweigh its CPU pressure, while filling the page cache or dirtying file pages is
     what only a memory or file neighbour does.  Between memory and storage, the larger
-    excess of their speaking channels wins.  Without ``share``: the specific family first."""
+    excess of their speaking channels wins.  The one rule of the job-end analysis and the
+    live analyzer.  (The peer comparison keeps its own, ``peers.nodes._persistent_foreign``:
+    its symptoms are the node against its peers, and nodes that share a disk share its stall
+    symptoms, so the storage family could never speak there by this rule.)"""
     from .attribution import subsystem_of
 
     if not support:
         return None
-    if share is None:
-        specific = [s for s in support if SUBSYSTEM[s["channel"]] != "cpu"]
-        return SUBSYSTEM[(specific or support)[0]["channel"]]
-
     def strongest(sup: list[dict]) -> str:
         weight: dict[str, float] = {}
         for s in sup:

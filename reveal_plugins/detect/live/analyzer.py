@@ -203,9 +203,12 @@ class LiveAnalyzer:
         names, units = self._names, self._units
         hits = attr.symptom_hits(dev, observed, center, self._mask, self.cfg["min_deviation"])
         sub, scores = attr.choose_subsystem(dev, names, hits)
-        fsup = self._fam.support(np.nonzero(rows)[0])
-        if fl.subsystem(fsup):
-            sub = fl.subsystem(fsup)
+        idx = np.nonzero(rows)[0]
+        fsup = self._fam.support(idx)
+        # the job-end analysis's rule (stages.judge): by each family's share of the span
+        fsub = fl.subsystem(fsup, self._fam.share(idx), [names[j] for j in np.nonzero(hits)[0]])
+        if fsub:
+            sub = fsub
         ev = attr.evidence(dev, observed, center, names, units, prefer=sub, hits=hits)
         stride = self.cfg["stride_s"]
         start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
