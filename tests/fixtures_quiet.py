@@ -1,27 +1,19 @@
-"""The machine's quiet lock for tests that record real telemetry and judge detection on it.
-
-The benchmarks take the same lock (``benchmarks/peers/run.py --lock``; ``flock -x
-/tmp/reveal-quiet.lock python benchmarks/...`` for the others): while a benchmark records, or
-another such test runs, a recording test waits instead of measuring the other's load as a
-neighbour (and the benchmark does not record the test's)."""
-import contextlib
-import fcntl
-import os
+"""The machine's quiet lock for tests that record real telemetry and judge detection on it:
+the lock of ``benchmarks/quiet.py``, which the recording benchmarks take too.  While a benchmark
+records, or another such test runs, a recording test waits instead of measuring the other's load
+as a neighbour (and the benchmark does not record the test's)."""
+import importlib.util
+import pathlib
 
 import pytest
 
-QUIET_LOCK = "/tmp/reveal-quiet.lock"
-
-
-@contextlib.contextmanager
-def hold_quiet_lock(path: str = QUIET_LOCK):
-    """Hold ``path`` exclusively (waits for the current holder)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield path
-    finally:
-        os.close(fd)
+_spec = importlib.util.spec_from_file_location(
+    "reveal_bench_quiet", pathlib.Path(__file__).resolve().parent.parent / "benchmarks" /
+    "quiet.py")
+_quiet = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_quiet)
+QUIET_LOCK = _quiet.QUIET_LOCK
+hold_quiet_lock = _quiet.hold
 
 
 @pytest.fixture

@@ -46,7 +46,6 @@ end).  ``results/2026-12-03.txt`` holds the text results of earlier versions.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import os
 import random
@@ -64,6 +63,7 @@ from faults import EXPECT, inject, variants  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import results as bench_results  # noqa: E402
+from quiet import QUIET_LOCK, QuietLock  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -99,35 +99,6 @@ def frozen_example(into: str) -> str:
     for f in ("multinode.sh", "multinode_slurm.sh", "train.py"):
         shutil.copy2(os.path.join(ROOT, "examples", f), d)
     return os.path.join(d, "multinode.sh")
-
-
-class QuietLock:
-    """The machine's exclusive benchmark lock, held across consecutive runs for at most
-    ``hold_s`` (each acquisition waits behind the other users' holds: per run would mean 20
-    waits), released between holds so nobody waits longer than that."""
-
-    def __init__(self, path: str, hold_s: float = 540.0):
-        self.path, self.hold_s = path, hold_s
-        self.fd: int | None = None
-        self.since = 0.0
-        self.longest = 0.0
-
-    def take(self) -> None:
-        now = time.monotonic()
-        if self.fd is not None and now - self.since + self.longest > self.hold_s:
-            self.release()
-        if self.fd is None:
-            self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-            self.since = time.monotonic()
-
-    def ran(self, wall: float) -> None:
-        self.longest = max(self.longest, wall)
-
-    def release(self) -> None:
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
 
 
 def run_one(plan: dict, seconds: int, spool: str, lock: "QuietLock | None",
@@ -350,7 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--seconds", type=int, default=50, help="training time per job")
     ap.add_argument("--seed", type=int, default=None, help="override the split's seed")
-    ap.add_argument("--lock", default="/tmp/reveal-quiet.lock",
+    ap.add_argument("--lock", default=QUIET_LOCK,
                     help="held exclusively during the runs, <= 9 min a hold ('' for none)")
     ap.add_argument("--keep", default=None, help="keep the spools and raw results here")
     bench_results.add_args(ap)
