@@ -2,6 +2,7 @@
 directory: the layouts, not the kernel, are under test here; tests/test_slurm_jobscope.py runs
 it on the real Slurm)."""
 import os
+import subprocess
 
 from reveal_plugins.probes.jobscope import JobScopeProbe, job_cgroups
 from reveal_plugins.types import RunInfo
@@ -62,15 +63,24 @@ def test_readings_parsed_later_keep_the_source_they_were_taken_from(tmp_path):
     in between (the job's accounting cgroup appears after its processes were followed) starts
     a new baseline at the reading where it happened, not at the parse."""
     root = str(tmp_path)
+    job = subprocess.Popen(["sleep", "60"])          # the job: one process, no children
+    try:
+        _check_deferred_parse(root, job.pid)
+    finally:
+        job.kill()
+        job.wait()
+
+
+def _check_deferred_parse(root, pid):
     frz = os.path.join(root, "freezer", "slurm", "uid_1001", "job_42")
-    _write(os.path.join(frz, "cgroup.procs"), f"{os.getpid()}\n")     # members only: a tree
+    _write(os.path.join(frz, "cgroup.procs"), f"{pid}\n")            # members only: a tree
     p = JobScopeProbe(_run(), cgroup_root=root, rescan_every=1)
     p.open()
     assert p.mode == "process-tree"
     r0 = p.read_raw()
     acct = os.path.join(root, "cpuacct", "slurm", "uid_1001", "job_42")
     _write(os.path.join(acct, "cpuacct.usage"), str(10_000 * 10**9))  # 10,000 s: not the tree's
-    _write(os.path.join(acct, "cgroup.procs"), f"{os.getpid()}\n")
+    _write(os.path.join(acct, "cgroup.procs"), f"{pid}\n")
     r1 = p.read_raw()
     assert p.mode == "cgroup"
     _write(os.path.join(acct, "cpuacct.usage"), str(10_003 * 10**9))
