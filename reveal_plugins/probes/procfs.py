@@ -48,7 +48,7 @@ class TokenFileProbe(Probe):
         self._ready([self.meta(k) for k in self.file.keys])
 
     def sample(self) -> list[float]:
-        return self.parse_raw(self.file.raw())
+        return self.parse_raw(self.read_raw())
 
     def read_raw(self) -> bytes:
         return self.file.raw()

@@ -487,6 +487,7 @@ def subsystem(support: list[dict], share: dict[str, float],
 
     if not support:
         return None
+
     def strongest(sup: list[dict]) -> str:
         weight: dict[str, float] = {}
         for s in sup:

@@ -435,18 +435,18 @@ def _persistent_foreign(hits: np.ndarray, names: list[str]) -> list[str]:
     stood out for at least half as many windows as its foreign CPU did.  A process that reads
     its binary from disk for a second and then spins for twenty is a CPU neighbour (stress-ng
     starting on a cold page cache read 9 MB/s for 1.5 s); one that does I/O all along, even on
-    little CPU, is an I/O neighbour.  And it must still stand out in the later half of the
-    span, for :data:`PERSIST_WINDOWS` windows at least: judged live a few seconds after the
-    onset, the cold read at the start is as long as the spinning so far, yet over by then (or
-    all there is: two windows cannot tell a binary read from an I/O neighbour, and the CPU
-    named first is corrected by the next check, see ``live.peers``)."""
+    little CPU, is an I/O neighbour.  It must also stand out in :data:`PERSIST_WINDOWS`
+    windows at least, one of them in the later half of the span: judged live a few seconds
+    after the onset, the cold read at the start is as long as the spinning so far, yet over by
+    then (or all there is: two windows cannot tell a binary read from an I/O neighbour, and
+    the CPU named first is corrected by the next check, see ``live.peers``)."""
     per = hits.sum(axis=0)
     later = hits[len(hits) // 2:].any(axis=0)
     cpu = max((int(per[j]) for j, n in enumerate(names)
                if n.startswith("cpu.foreign.")), default=0)
     return [attr.subsystem_of(n) for j, n in enumerate(names)
-            if per[j] and later[j] and _FOREIGN.match(n) and not n.startswith("cpu.")
-            and 2 * int(per[j]) >= cpu and per[j] >= PERSIST_WINDOWS]
+            if per[j] >= PERSIST_WINDOWS and later[j] and _FOREIGN.match(n)
+            and not n.startswith("cpu.") and 2 * int(per[j]) >= cpu]
 
 
 def _foreign_kind(names: list[str], rows: np.ndarray, level: np.ndarray,
