@@ -10,6 +10,7 @@ import uuid
 
 import pytest
 
+from reveal_plugins.probes import cgroup
 from reveal_plugins.probes.cgroup import CgroupProbe, find_hierarchies
 from reveal_plugins.types import RunInfo
 
@@ -119,6 +120,7 @@ def test_v1_oom_kill_is_counted(v1_cgroup):
     before = _vals(p)
     hog = _start_in(v1_cgroup, [sys.executable, "-c", "x = bytearray(200 << 20)"])
     rc = hog.wait(timeout=60)
+    time.sleep(cgroup.HOLD_S)   # oom_control is read once a second
     after = _vals(p)
     assert rc == -signal.SIGKILL
     assert after["memory.run.oom_kill"] == before["memory.run.oom_kill"] + 1
@@ -210,6 +212,43 @@ def test_fake_cgroup_v2_tree(tmp_path):
     q = CgroupProbe(cgroup=str(d), cgroup_root=str(root))
     q.open()
     assert q.available and _vals(q) == pytest.approx(v, nan_ok=True)
+
+
+def test_limits_are_read_once_a_second_and_rates_every_sample(tmp_path, monkeypatch):
+    """A limit or the OOM state set between two samples shows within a second; CPU time,
+    usage and fail counts (rates) show on the next sample."""
+    clock = [1000.0]
+    monkeypatch.setattr(cgroup, "_now", lambda: clock[0])
+    root = tmp_path / "cg"
+    d = root / "job"
+    d.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory\n")
+    files = {"cpu.stat": "usage_usec 1000000\n", "cpu.max": "max 100000\n",
+             "memory.current": "100\n", "memory.max": "max\n",
+             "memory.events": "high 0\nmax 0\noom 0\noom_kill 0\n"}
+    for k, v in files.items():
+        (d / k).write_text(v)
+    p = CgroupProbe(cgroup="/job", cgroup_root=str(root))
+    p.open()
+    assert p.available, p.reason
+    a = _vals(p)
+    (d / "cpu.stat").write_text("usage_usec 3000000\n")
+    (d / "cpu.max").write_text("50000 100000\n")
+    (d / "memory.current").write_text("200\n")
+    (d / "memory.max").write_text(f"{1 << 30}\n")
+    (d / "memory.events").write_text("high 5\nmax 2\noom 0\noom_kill 0\n")
+    clock[0] += 0.1
+    b = _vals(p)
+    assert (b["cpu.run.usage"], b["memory.run.usage"], b["memory.run.failcnt"]) == (3.0, 200, 2)
+    assert b["cpu.run.limit_cores"] != b["cpu.run.limit_cores"]    # still "no limit" (NaN)
+    assert b["memory.run.limit"] != b["memory.run.limit"]
+    clock[0] += cgroup.HOLD_S
+    c = _vals(p)
+    assert c["cpu.run.limit_cores"] == pytest.approx(0.5) and c["memory.run.limit"] == 1 << 30
+    (d / "memory.max").write_text("max\n")
+    clock[0] += 0.5
+    assert _vals(p)["memory.run.limit"] == 1 << 30
+    assert a["cpu.run.usage"] == 1.0
 
 
 def test_real_unified_hierarchy_cpu_stat():

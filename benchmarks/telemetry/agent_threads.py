@@ -9,8 +9,12 @@ revision's package (``git archive REV reveal_plugins``) on ``PYTHONPATH`` and on
 tree's, alternating, so that the machine's speed and noise hit both.  The agent's CPU is read
 per thread from ``/proc/<agent>/task/*/schedstat`` (nanoseconds on CPU) over the steady part
 of the run (after 8 s, until 12 s before the end).  Beside each agent, over the same span:
-``prometheus-node-exporter`` scraped at 10 Hz (its CPU) and a Python loop that only wakes up
-10 times a second (the floor any 10 Hz Python sampler pays on this machine).  The agent names
+``prometheus-node-exporter`` scraped at 10 Hz (its CPU), a Python loop that only wakes up
+10 times a second (the floor any 10 Hz Python sampler pays on this machine), and two loops
+that read the agent's host files on its schedule (/proc/stat, net/dev, PSI every tick, the
+others once a second) without parsing them: one in Python, one in C (``floor.c``, built with
+``gcc`` when there is one): the floors of a sampler in either language.  The floors leave out
+the run's own files and the qdisc netlink dump.  The agent names
 its threads in the kernel (``reveal-sampler``, ``reveal-features``, ...); an older reference
 may not, and then its threads are listed by id.  Results: ``benchmarks/telemetry/results/agent-threads-<split>-<date>
 .json``.
@@ -58,12 +62,54 @@ def thread_ns(pid: int) -> dict[str, int]:
     return out
 
 
+#: the Python read floor: the agent's host files on its schedule, one pread each, no parsing
+READ_FLOOR = r"""
+import os, sys, time
+interval = float(sys.argv[1])
+files = [(int(a.split(":", 1)[0]), os.open(a.split(":", 1)[1], os.O_RDONLY)) for a in sys.argv[2:]]
+t0, k = time.monotonic(), 0
+while True:
+    k += 1
+    time.sleep(max(0.0, t0 + k * interval - time.monotonic()))
+    for every, fd in files:
+        if k % every == 0:
+            os.pread(fd, 65536, 0)
+"""
+
+
+def host_files(interval: float = 0.1) -> list[str]:
+    """``EVERY:PATH`` of the agent's host procfs and PSI files, as its sampler schedules them."""
+    from reveal_plugins.probes.procfs import PROCFS_PROBES
+    from reveal_plugins.probes.psi import psi_probes
+    out = []
+    for p in [c() for c in PROCFS_PROBES] + psi_probes():
+        p.open()
+        if p.available:
+            out.append(f"{max(1, round((p.interval_s or 0) / interval))}:{p.file.path}")
+        p.close()
+    return out
+
+
+def build_native_floor(tmp: str) -> str | None:
+    gcc = shutil.which("gcc")
+    if gcc is None:
+        return None
+    out = os.path.join(tmp, "floor")
+    subprocess.run([gcc, "-O2", "-o", out, os.path.join(HERE, "floor.c")], check=True)
+    return out
+
+
 class Beside:
     """What runs next to the current agent over the same span: prometheus-node-exporter
     scraped at 10 Hz (the reference the issue names), and a Python loop that only wakes up
     10 times a second (the floor of any 10 Hz Python sampler on this machine)."""
 
-    def __init__(self, span: float):
+    def __init__(self, span: float, native: str | None):
+        files = host_files()
+        self.floors = {"python_read": subprocess.Popen(
+            [sys.executable, "-c", READ_FLOOR, "0.1", *files])}
+        if native:
+            self.floors["native_read"] = subprocess.Popen([native, "0.1", *files])
         self.ne, self.url, self.series = start_node_exporter()
         self.scraper = Scraper(self.url, 0.1, span)
         self.idle = subprocess.Popen([sys.executable, "-c", SAMPLER, "0.1", str(span), "idle"],
@@ -72,6 +118,7 @@ class Beside:
         json.loads(self.idle.stdout.readline())
 
     def start(self) -> None:
+        self.f0 = {k: sum(thread_ns(p.pid).values()) for k, p in self.floors.items()}
         self.c0, self.t0 = proc_cpu_s(self.ne.pid), time.monotonic()
         self.idle.stdin.write("go\n")
         self.idle.stdin.flush()
@@ -81,8 +128,15 @@ class Beside:
         try:
             self.scraper.join()
             c1, t1 = proc_cpu_s(self.ne.pid), time.monotonic()
+            f1 = {k: sum(thread_ns(p.pid).values()) for k, p in self.floors.items()}
             loop = json.loads(self.idle.stdout.readline())
+            for k, p in self.floors.items():
+                if p.poll() is not None:
+                    raise RuntimeError(f"the {k} floor loop exited with {p.returncode}")
         finally:
+            for p in self.floors.values():
+                p.kill()
+                p.wait()
             self.ne.terminate()
             self.ne.wait(timeout=10)
             if self.idle.poll() is None:
@@ -91,10 +145,13 @@ class Beside:
                 "node_exporter_scrapes": self.scraper.scrapes,
                 "node_exporter_errors": self.scraper.errors,
                 "node_exporter_series": self.series,
-                "idle_loop_pct": 100 * loop["cpu_s"] / loop["wall_s"]}
+                "idle_loop_pct": 100 * loop["cpu_s"] / loop["wall_s"],
+                **{f"{k}_floor_pct": 100 * (f1[k] - self.f0[k]) / 1e9 / (t1 - self.t0)
+                   for k in self.floors}}
 
 
-def measure(pythonpath: str, duration: float, beside: bool = False) -> dict:
+def measure(pythonpath: str, duration: float, beside: bool = False,
+            native: str | None = None) -> dict:
     tmp = tempfile.mkdtemp(prefix="reveal-bench-threads-")
     env = {**os.environ, "PYTHONPATH": pythonpath}
     reveal = shutil.which("reveal")
@@ -109,7 +166,7 @@ def measure(pythonpath: str, duration: float, beside: bool = False) -> dict:
         if agent is None:
             rec.kill()
             raise RuntimeError("no agent process found under reveal record")
-        others = Beside(duration - 20.0) if beside else None
+        others = Beside(duration - 20.0, native) if beside else None
         time.sleep(max(0.0, 8.0 - (time.monotonic() - t_start)))
         if others:
             others.start()
@@ -144,13 +201,14 @@ def main() -> int:
                              capture_output=True, text=True, check=True).stdout.strip()
     ref_dir = tempfile.mkdtemp(prefix="reveal-ref-")
     try:
+        native = build_native_floor(ref_dir)
         arch = subprocess.run(["git", "-C", REPO, "archive", ref_rev, "reveal_plugins"],
                               capture_output=True, check=True).stdout
         subprocess.run(["tar", "-x", "-C", ref_dir], input=arch, check=True)
         reps = []
         for i in range(args.reps):
-            ref = measure(ref_dir, args.duration, beside=True)
-            cur = measure(REPO, args.duration, beside=True)
+            ref = measure(ref_dir, args.duration, beside=True, native=native)
+            cur = measure(REPO, args.duration, beside=True, native=native)
             reps.append({"reference": ref, "current": cur})
             print(f"rep {i + 1}: reference {ref['total_pct']:.3f} %  current "
                   f"{cur['total_pct']:.3f} %  | current per thread: " +
@@ -165,9 +223,13 @@ def main() -> int:
                   for k in names}
     ne_med = statistics.median(r["current"]["node_exporter_pct"] for r in reps)
     idle_med = statistics.median(r["current"]["idle_loop_pct"] for r in reps)
+    floors = {k: statistics.median(r[side][f"{k}_floor_pct"] for r in reps
+                                   for side in ("reference", "current"))
+              for k in ("python_read", "native_read") if f"{k}_floor_pct" in reps[0]["current"]}
     print(f"same spans: prometheus-node-exporter scraped at 10 Hz {ne_med:.3f} % "
           f"({ne_med / cur_med:.1f}x the agent); a Python loop that only wakes at 10 Hz "
-          f"{idle_med:.3f} %")
+          f"{idle_med:.3f} %; the agent's host files read without parsing: " +
+          ", ".join(f"{k} {v:.3f} %" for k, v in floors.items()))
     print(f"median agent CPU: reference {args.reference} ({ref_rev[:7]}) {ref_med:.3f} % of one "
           f"core, current {cur_med:.3f} % (goal 0.3 %)")
     print("current, median per thread: " + ", ".join(
@@ -177,7 +239,9 @@ def main() -> int:
         "reference": {"rev": ref_rev, "given": args.reference}, "duration_s": args.duration,
         "reps": reps, "reference_total_pct_median": ref_med, "current_total_pct_median": cur_med,
         "current_threads_pct_median": per_thread, "node_exporter_pct_median": ne_med,
-        "idle_loop_pct_median": idle_med})
+        "idle_loop_pct_median": idle_med,
+        "read_floor_pct_median": floors,
+        "read_floor_files": host_files()})
     print(f"results: {path}")
     return 0
 

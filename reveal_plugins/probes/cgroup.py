@@ -20,6 +20,7 @@ OOM events), ``storage.run.*`` (bytes), ``system.run.nprocs``.
 from __future__ import annotations
 
 import os
+import time
 from typing import Any, Callable, Sequence
 
 from ..types import ChannelMeta, RunInfo
@@ -28,6 +29,14 @@ from .probe import NAN, Probe
 _UNLIMITED = 1 << 60          # v1 reports "no limit" as a huge page-rounded number
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+#: files of limits and of the OOM state (memory.limit_in_bytes, memory.max, the CPU quota,
+#: oom_control) are read once a second and their last reading repeated in between: they change
+#: when someone sets a limit or the OOM killer strikes, which one second places well enough,
+#: and at 10 Hz each costs ~20 µs of kernel and parsing per tick.  Usage, stat, I/O and the
+#: fail/event counters (failcnt, memory.events: rates while a job presses on its limit) are
+#: read on every tick.
+HOLD_S = 1.0
+_now = time.monotonic
 
 
 def _read(path: str) -> bytes:
@@ -69,38 +78,60 @@ def _num(tok: bytes | None, scale: float = 1.0, unlimited_nan: bool = False) -> 
 
 
 class _Reader:
-    """One file → several channels.  ``parse(bytes) -> list[float]`` in channel order."""
+    """One file → several channels.  ``parse(bytes) -> list[float]`` in channel order.
+
+    ``hold_s`` > 0: the file is read at most once per ``hold_s`` seconds and its last reading
+    repeated in between (see :data:`HOLD_S`); the repeat is the same bytes object, whose
+    values are not parsed again."""
 
     def __init__(self, path: str, channels: list[ChannelMeta],
-                 parse: Callable[[bytes], list[float]]):
+                 parse: Callable[[bytes], list[float]], hold_s: float = 0.0):
         self.file = _File(path)
         self.channels = channels
         self.parse = parse
+        self.hold_s = hold_s
+        self._next = 0.0
+        self._held: bytes | None = None
+        self._parsed: tuple[bytes | None, list[float]] = (None, [])
         parse(self.file.read())  # fail at open, not at every sample
 
     def read(self) -> list[float]:
         return self.parse_raw(self.read_raw())
 
     def read_raw(self) -> bytes | None:
+        if self.hold_s:
+            now = _now()
+            if now < self._next:
+                return self._held
+            self._next = now + self.hold_s
         try:
-            return self.file.read()
+            raw = self.file.read()
         except OSError:
-            return None
+            raw = None
+        if self.hold_s:
+            self._held = raw
+        return raw
 
     def parse_raw(self, raw: bytes | None) -> list[float]:
+        if raw is not None and raw is self._parsed[0]:
+            return list(self._parsed[1])
+        vals = [NAN] * len(self.channels)
         try:
             if raw is not None:
-                return self.parse(raw)
+                vals = self.parse(raw)
         except ValueError:
             pass
-        return [NAN] * len(self.channels)
+        if self.hold_s:
+            self._parsed = (raw, list(vals))
+        return vals
 
 
 def _ch(name: str, unit: str, kind: str, desc: str) -> ChannelMeta:
     return ChannelMeta(name, unit, kind, "cgroup", desc)
 
 
-def _kv_reader(path: str, spec: list[tuple[bytes, ChannelMeta, float]]) -> "_Reader | None":
+def _kv_reader(path: str, spec: list[tuple[bytes, ChannelMeta, float]],
+               hold_s: float = 0.0) -> "_Reader | None":
     """A ``key value`` file (cpu.stat, memory.events ...): channels only for the keys the kernel
     writes (``throttled_usec`` exists only with the cpu controller, ``oom_kill`` only on newer
     kernels), so no channel is NaN forever."""
@@ -118,7 +149,7 @@ def _kv_reader(path: str, spec: list[tuple[bytes, ChannelMeta, float]]) -> "_Rea
         d = _kv(b)
         return [_num(d.get(k), sc) for k, sc in zip(keys, scales)]
     try:
-        return _Reader(path, [c for _, c, _ in spec], parse)
+        return _Reader(path, [c for _, c, _ in spec], parse, hold_s)
     except (OSError, ValueError):
         return None
 
@@ -169,12 +200,12 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
     """``dirs``: controller → the run's directory in that hierarchy (only existing ones)."""
     rs: list[_Reader] = []
 
-    def add(ctl: str, fname: str, chans: list[ChannelMeta], parse) -> None:
+    def add(ctl: str, fname: str, chans: list[ChannelMeta], parse, hold_s: float = 0.0) -> None:
         d = dirs.get(ctl)
         if d is None or not os.path.exists(os.path.join(d, fname)):
             return
         try:
-            rs.append(_Reader(os.path.join(d, fname), chans, parse))
+            rs.append(_Reader(os.path.join(d, fname), chans, parse, hold_s))
         except (OSError, ValueError):
             pass
 
@@ -182,10 +213,10 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
         [_ch("cpu.run.usage", "s", "counter", "CPU time of the run's cgroup (cpuacct.usage)")],
         lambda b: [float(b) * 1e-9])
 
-    def addkv(ctl: str, fname: str, spec) -> None:
+    def addkv(ctl: str, fname: str, spec, hold_s: float = 0.0) -> None:
         d = dirs.get(ctl)
         if d is not None:
-            r = _kv_reader(os.path.join(d, fname), spec)
+            r = _kv_reader(os.path.join(d, fname), spec, hold_s)
             if r is not None:
                 rs.append(r)
 
@@ -206,7 +237,7 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
                 return [NAN if q < 0 else q / float(period.read())]
             rs.append(_Reader(os.path.join(dirs["cpu"], "cpu.cfs_quota_us"),
                               [_ch("cpu.run.limit_cores", "cores", "gauge",
-                                   "CFS quota / period (NaN = no limit)")], quota))
+                                   "CFS quota / period (NaN = no limit)")], quota, HOLD_S))
         except (OSError, ValueError):
             pass
     add("memory", "memory.usage_in_bytes",
@@ -214,7 +245,7 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
         lambda b: [float(b)])
     add("memory", "memory.limit_in_bytes",
         [_ch("memory.run.limit", "bytes", "gauge", "memory limit (NaN = none)")],
-        lambda b: [_num(b.strip(), unlimited_nan=True)])
+        lambda b: [_num(b.strip(), unlimited_nan=True)], HOLD_S)
     add("memory", "memory.failcnt",
         [_ch("memory.run.failcnt", "events", "counter", "times usage hit the limit")],
         lambda b: [float(b)])
@@ -222,7 +253,7 @@ def _v1_readers(dirs: dict[str, str]) -> list[_Reader]:
           [(b"under_oom", _ch("memory.run.under_oom", "flag", "gauge",
                               "1 while the cgroup is under OOM"), 1.0),
            (b"oom_kill", _ch("memory.run.oom_kill", "kills", "counter",
-                             "processes killed by the OOM killer"), 1.0)])
+                             "processes killed by the OOM killer"), 1.0)], HOLD_S)
     addkv("memory", "memory.stat",
           [(b"total_rss", _ch("memory.run.anon", "bytes", "gauge", "anonymous memory (total_rss)"),
             1.0),
@@ -277,12 +308,12 @@ def _v2_io(b: bytes) -> list[float]:
 def _v2_readers(d: str) -> list[_Reader]:
     rs: list[_Reader] = []
 
-    def add(fname: str, chans: list[ChannelMeta], parse) -> None:
+    def add(fname: str, chans: list[ChannelMeta], parse, hold_s: float = 0.0) -> None:
         p = os.path.join(d, fname)
         if not os.path.exists(p):
             return
         try:
-            rs.append(_Reader(p, chans, parse))
+            rs.append(_Reader(p, chans, parse, hold_s))
         except (OSError, ValueError):
             pass
 
@@ -301,11 +332,12 @@ def _v2_readers(d: str) -> list[_Reader]:
                                 "time throttled by cpu.max"), 1e-6)])
     add("cpu.max", [_ch("cpu.run.limit_cores", "cores", "gauge", "cpu.max quota / period "
                         "(NaN = no limit)")],
-        lambda b: (lambda t: [NAN if t[0] == b"max" else float(t[0]) / float(t[1])])(b.split()))
+        lambda b: (lambda t: [NAN if t[0] == b"max" else float(t[0]) / float(t[1])])(b.split()),
+        HOLD_S)
     add("memory.current", [_ch("memory.run.usage", "bytes", "gauge",
                                "memory charged to the run's cgroup")], lambda b: [float(b)])
     add("memory.max", [_ch("memory.run.limit", "bytes", "gauge", "memory.max (NaN = none)")],
-        lambda b: [_num(b.strip(), unlimited_nan=True)])
+        lambda b: [_num(b.strip(), unlimited_nan=True)], HOLD_S)
     addkv("memory.events", [
         (b"high", _ch("memory.run.high", "events", "counter",
                       "times usage went over memory.high"), 1.0),
