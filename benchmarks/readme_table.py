@@ -378,6 +378,10 @@ ROWS = [
                     f"more); a Python loop that only wakes at 10 Hz: "
                     f"{d['idle_loop_pct_median']:.2f} %; " if "node_exporter_pct_median" in d
                     else "") +
+                   ("the agent's host files read on its schedule without parsing: "
+                    + ", ".join(f"in {'C' if k == 'native_read' else 'Python'} {v:.2f} %"
+                                for k, v in sorted(d["read_floor_pct_median"].items()))
+                    + "; " if d.get("read_floor_pct_median") else "") +
                    f"revision {d['reference']['given']} alternating with it on the same machine:"
                    f" {d['reference_total_pct_median']:.2f} % (`reveal record -- sleep 50`, "
                    f"steady part)"),
