@@ -384,7 +384,12 @@ ROWS = [
                     + "; " if d.get("read_floor_pct_median") else "") +
                    f"revision {d['reference']['given']} alternating with it on the same machine:"
                    f" {d['reference_total_pct_median']:.2f} % (`reveal record -- sleep 50`, "
-                   f"steady part)"),
+                   f"steady part)" +
+                   (f"; agent memory {d['memory_mb_median']['current']['vmrss_mb']:.0f} MB "
+                    f"(reference {d['memory_mb_median']['reference']['vmrss_mb']:.0f} MB), "
+                    f"`reveal record -- true` {d['record_true_s_median']['current']:.2f} s "
+                    f"(reference {d['record_true_s_median']['reference']:.2f} s)"
+                    if "memory_mb_median" in d else "")),
         [f"python benchmarks/telemetry/agent_threads.py {_TEST}"],
         {"": lambda d: "current_total_pct_median" in d}),
     Row("detection, labeled benchmark (injections of 15 kinds: stress-ng, own injectors, tc tbf; "

@@ -119,3 +119,35 @@ def test_agent_threads_carry_their_names_in_the_kernel(agent):
                 pass
     client.unregister("n", 0)
     assert want <= names, names
+
+
+def test_the_agent_does_not_load_pandas_for_pyarrow(agent):
+    """pyarrow pulls in pandas (55 MB of RSS) on its first array unless told it is absent;
+    the agent writes segments and features without it, and the run's data is whole."""
+    pytest.importorskip("pandas", reason="pandas is what would be loaded: the fleet extra")
+    client, tmp = agent
+    run_dir = client.register(RunInfo(run_id="p", run_dir=str(tmp / "p"), job_id="4"))
+    time.sleep(1.5)
+    client.unregister("p", 0)
+    maps = pathlib.Path(f"/proc/{client.proc.pid}/maps").read_text()
+    assert "/pandas/" not in maps
+    run = store.load_run(run_dir)
+    assert len(run.frame.t) >= 10 and run.frame.values.shape[1] > 100
+
+
+@pytest.mark.parametrize("allow", ["0", "1"])
+def test_pandas_is_withheld_from_the_agent_unless_allowed(allow):
+    """What an agent-side plugin that imports pandas meets: an error that says why and how to
+    allow it, or pandas with REVEAL_AGENT_PANDAS=1."""
+    pytest.importorskip("pandas", reason="pandas is what would be withheld: the fleet extra")
+    code = ("from reveal_plugins.agent.daemon import withhold_pandas\n"
+            "withhold_pandas()\n"
+            "import pandas\n"
+            "print('loaded', pandas.__name__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, REVEAL_AGENT_PANDAS=allow), timeout=60)
+    if allow == "1":
+        assert p.returncode == 0 and "loaded pandas" in p.stdout, p.stderr
+    else:
+        assert p.returncode == 1
+        assert "ModuleNotFoundError" in p.stderr and "REVEAL_AGENT_PANDAS=1" in p.stderr

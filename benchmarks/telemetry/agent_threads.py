@@ -14,7 +14,9 @@ of the run (after 8 s, until 12 s before the end).  Beside each agent, over the 
 that read the agent's host files on its schedule (/proc/stat, net/dev, PSI every tick, the
 others once a second) without parsing them: one in Python, one in C (``floor.c``, built with
 ``gcc`` when there is one): the floors of a sampler in either language.  The floors leave out
-the run's own files and the qdisc netlink dump.  The agent names
+the run's own files and the qdisc netlink dump.  Also per repetition and side: the agent's
+resident memory at the end of the span (VmRSS, VmHWM), and three ``reveal record --no-analyze
+-- true`` with a fresh agent, timed (what a job waits for at its start and end).  The agent names
 its threads in the kernel (``reveal-sampler``, ``reveal-features``, ...); an older reference
 may not, and then its threads are listed by id.  Results: ``benchmarks/telemetry/results/agent-threads-<split>-<date>
 .json``.
@@ -150,6 +152,33 @@ class Beside:
                    for k in self.floors}}
 
 
+def agent_memory_mb(pid: int) -> dict:
+    """The agent's resident memory now and at its peak (MB)."""
+    out = {}
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(("VmRSS:", "VmHWM:")):
+                out[f"{line[:5].lower()}_mb"] = int(line.split()[1]) / 1024
+    return out
+
+
+def record_wall_s(pythonpath: str) -> float:
+    """Seconds of ``reveal record --no-analyze -- true`` with a fresh agent: what a job waits
+    for at its start and end."""
+    tmp = tempfile.mkdtemp(prefix="reveal-bench-start-")
+    reveal = shutil.which("reveal")
+    cmd = ([reveal] if reveal else [sys.executable, "-m", "reveal_plugins.cli"])
+    try:
+        t0 = time.monotonic()
+        subprocess.run(cmd + ["record", "--out", os.path.join(tmp, "run"), "--no-analyze",
+                              "--", "true"], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, cwd=tmp, check=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": pythonpath})
+        return time.monotonic() - t0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def measure(pythonpath: str, duration: float, beside: bool = False,
             native: str | None = None) -> dict:
     tmp = tempfile.mkdtemp(prefix="reveal-bench-threads-")
@@ -173,6 +202,7 @@ def measure(pythonpath: str, duration: float, beside: bool = False,
         a, t0 = thread_ns(agent), time.monotonic()
         time.sleep(duration - 20.0)
         b, t1 = thread_ns(agent), time.monotonic()
+        mem = agent_memory_mb(agent)
         side = others.stop() if others else {}
         rec.wait(timeout=duration + 120)
         span = t1 - t0
@@ -181,7 +211,7 @@ def measure(pythonpath: str, duration: float, beside: bool = False,
             name = k.split(":")[0]
             pct = 100 * (ns - a.get(k, 0)) / 1e9 / span
             threads[name] = threads.get(name, 0.0) + pct  # pools: several threads, one name
-        return {"span_s": span, "total_pct": sum(threads.values()),
+        return {"span_s": span, "total_pct": sum(threads.values()), **mem,
                 "threads_pct": dict(sorted(threads.items(), key=lambda kv: -kv[1])), **side}
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -209,6 +239,8 @@ def main() -> int:
         for i in range(args.reps):
             ref = measure(ref_dir, args.duration, beside=True, native=native)
             cur = measure(REPO, args.duration, beside=True, native=native)
+            ref["record_true_s"] = [record_wall_s(ref_dir) for _ in range(3)]
+            cur["record_true_s"] = [record_wall_s(REPO) for _ in range(3)]
             reps.append({"reference": ref, "current": cur})
             print(f"rep {i + 1}: reference {ref['total_pct']:.3f} %  current "
                   f"{cur['total_pct']:.3f} %  | current per thread: " +
@@ -222,6 +254,15 @@ def main() -> int:
     per_thread = {k: statistics.median(r["current"]["threads_pct"].get(k, 0.0) for r in reps)
                   for k in names}
     ne_med = statistics.median(r["current"]["node_exporter_pct"] for r in reps)
+    memory = {side: {k: statistics.median(r[side][k] for r in reps)
+                     for k in ("vmrss_mb", "vmhwm_mb")} for side in ("reference", "current")}
+    record_true = {side: statistics.median(x for r in reps for x in r[side]["record_true_s"])
+                   for side in ("reference", "current")}
+    print(f"agent memory (median): reference RSS {memory['reference']['vmrss_mb']:.0f} MB "
+          f"(peak {memory['reference']['vmhwm_mb']:.0f}), current "
+          f"{memory['current']['vmrss_mb']:.0f} MB (peak {memory['current']['vmhwm_mb']:.0f}); "
+          f"`reveal record --no-analyze -- true`: reference {record_true['reference']:.2f} s, "
+          f"current {record_true['current']:.2f} s")
     idle_med = statistics.median(r["current"]["idle_loop_pct"] for r in reps)
     floors = {k: statistics.median(r[side][f"{k}_floor_pct"] for r in reps
                                    for side in ("reference", "current"))
@@ -240,6 +281,7 @@ def main() -> int:
         "reps": reps, "reference_total_pct_median": ref_med, "current_total_pct_median": cur_med,
         "current_threads_pct_median": per_thread, "node_exporter_pct_median": ne_med,
         "idle_loop_pct_median": idle_med,
+        "memory_mb_median": memory, "record_true_s_median": record_true,
         "read_floor_pct_median": floors,
         "read_floor_files": host_files()})
     print(f"results: {path}")
