@@ -96,6 +96,13 @@ def test_fsynced_checkpoints_are_the_jobs_own_under_both_launchers(tmp_path, lau
                     "(tmpfs?): no writeback to attribute")
     rep = report_schema_validate(json.loads((run / "report.json").read_text()))
     assert rep["status"] in ("ok", "partial"), rep.get("notes")
-    storage = [a for a in rep["anomalies"] if a["subsystem"] == "storage"
-               or "storage.foreign" in json.dumps(a.get("foreign"))]
-    assert storage == [], (storage, r.stdout[-3000:])
+    # The claim is "not a neighbour's": no storage finding blamed on load outside the run.
+    # On a slow shared disk the job's own fsync can stall its iterations, and that shows as
+    # a storage *symptom* anomaly of the job itself (families symptoms + impact, no foreign
+    # support); whether such a self-inflicted stall should be reported is a separate
+    # question, not this test's.
+    blamed = [{k: a.get(k) for k in ("id", "subsystem", "families", "foreign", "symptoms")}
+              for a in rep["anomalies"]
+              if (a["subsystem"] == "storage" and "foreign" in a.get("families", []))
+              or "storage.foreign" in json.dumps(a.get("foreign"))]
+    assert blamed == [], (blamed, r.stdout[-3000:])
