@@ -39,7 +39,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.dirname(HERE))
 import results as bench_results  # noqa: E402
 from run import (SAMPLER, Scraper, _find_agent, proc_cpu_s,  # noqa: E402  (this folder's
-                 start_node_exporter)                         # run.py: the same helpers)
+                 reveal_cmd, start_node_exporter)              # run.py: the same helpers)
 
 #: the agent before its idle threads stopped polling and the featurizer's interpolation was
 #: grouped per probe (2026-12-06)
@@ -166,8 +166,7 @@ def record_wall_s(pythonpath: str) -> float:
     """Seconds of ``reveal record --no-analyze -- true`` with a fresh agent: what a job waits
     for at its start and end."""
     tmp = tempfile.mkdtemp(prefix="reveal-bench-start-")
-    reveal = shutil.which("reveal")
-    cmd = ([reveal] if reveal else [sys.executable, "-m", "reveal_plugins.cli"])
+    cmd = reveal_cmd()
     try:
         t0 = time.monotonic()
         subprocess.run(cmd + ["record", "--out", os.path.join(tmp, "run"), "--no-analyze",
@@ -183,8 +182,7 @@ def measure(pythonpath: str, duration: float, beside: bool = False,
             native: str | None = None) -> dict:
     tmp = tempfile.mkdtemp(prefix="reveal-bench-threads-")
     env = {**os.environ, "PYTHONPATH": pythonpath}
-    reveal = shutil.which("reveal")
-    cmd = ([reveal] if reveal else [sys.executable, "-m", "reveal_plugins.cli"])
+    cmd = reveal_cmd()
     try:
         rec = subprocess.Popen(cmd + ["record", "--out", os.path.join(tmp, "run"),
                                       "--no-analyze", "--", "sleep", str(duration)],

@@ -228,6 +228,12 @@ def _children(pid: int) -> list[int]:
     return out
 
 
+def reveal_cmd() -> list[str]:
+    """The ``reveal`` command: the installed script, else the module."""
+    reveal = shutil.which("reveal")
+    return [reveal] if reveal else [sys.executable, "-m", "reveal_plugins.cli"]
+
+
 def _find_agent(record_pid: int, timeout: float = 15.0) -> int | None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
@@ -246,9 +252,7 @@ def bench_storage(duration: float, interval: float = 0.1) -> dict:
     """A real ``reveal record`` run of ``sleep duration``: bytes on disk per second."""
     tmp = tempfile.mkdtemp(prefix="reveal-bench-")
     out = os.path.join(tmp, "run")
-    reveal = shutil.which("reveal")
-    cmd = ([reveal] if reveal else [sys.executable, "-m", "reveal_plugins.cli"])
-    cmd += ["record", "--out", out, "--interval", str(interval), "--no-analyze", "--",
+    cmd = reveal_cmd() + ["record", "--out", out, "--interval", str(interval), "--no-analyze", "--",
             "sleep", str(duration)]
     try:
         rec = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -205,21 +205,18 @@ def derive(X: np.ndarray, names: list[str], t: np.ndarray | None = None
     # the page cache's growth (bytes/s), once: foreign cache growth and dirtied pages use it
     growth = (_ffill_rate(X[:, idx["memory.Cached"]], t) * 1024.0
               if "memory.Cached" in idx else None)
-    if growth is not None:
+    if growth is not None and ("storage.run.rchar" in idx or "storage.run.read_bytes" in idx):
+        own = np.zeros(len(X))
+        for n in ("storage.run.rchar", "storage.run.wchar", "storage.run.read_bytes"):
+            if n in idx:
+                own = own + np.nan_to_num(col(n))
         # the rounding of the page-cache size (kB, float32 rows) spread over one row
         cached = X[:, idx["memory.Cached"]]
         top = np.nanmax(np.abs(cached)) if np.isfinite(cached).any() else 0.0
         dt = float(np.median(np.diff(t))) if t is not None and len(t) > 1 else 1.0
         growth_atol = 4.0 * float(np.spacing(np.float32(top))) * 1024.0 / max(dt, 1e-3)
-    if growth is not None:
-        own = np.zeros(len(X))
-        for n in ("storage.run.rchar", "storage.run.wchar", "storage.run.read_bytes"):
-            if n in idx:
-                own = own + np.nan_to_num(col(n))
-        if "storage.run.rchar" in idx or "storage.run.read_bytes" in idx:
-            add("memory.foreign.cache_growth",
-                np.maximum(growth - _over_intervals(own, growth, growth_atol), 0.0),
-                "bytes/s")
+        add("memory.foreign.cache_growth",
+            np.maximum(growth - _over_intervals(own, growth, growth_atol), 0.0), "bytes/s")
     if "memory.vm.nr_dirtied" in idx and "storage.run.rchar" in idx \
             and "storage.run.write_bytes" in idx:
         # File pages dirtied on the node that neither the run's own writes nor the page
