@@ -66,3 +66,9 @@ def test_another_subsystem_taking_over_is_a_new_finding():
     found, _ = _feed(h, 130)
     assert [a["subsystem"] for a in found] == ["storage", "network"]
     assert 0 <= found[1]["detected_at"] - (h.t0 + 80) <= 10
+
+
+def test_the_runs_own_checkpoint_io_raises_no_live_finding():
+    """The job-end rule live: the run's own writes queueing its device are its own phase;
+    the same symptoms without them are a storage finding (the test above)."""
+    assert _feed(SynthHost(2, seed=7, anomalies=[("ownio", 80, 110)]), 150)[0] == []

@@ -126,3 +126,34 @@ def test_slowdown_soon_after_start_is_reported_when_markers_show_steady_training
     sto = [a for a in rep["anomalies"] if a["subsystem"] == "storage"]
     assert sto and sto[0]["start"] - t0 < 16
     assert sto[0]["impact"]["iteration_time_pct"] > 100
+
+
+def test_the_runs_own_checkpoint_io_is_an_observation_not_an_anomaly():
+    """Issue 21: a job that writes and syncs its own checkpoint queues its own device (write
+    time, I/O pressure, iowait).  With its own writes (storage.run.write_bytes) rising and no
+    process outside the run, that is its own phase: an observation naming the run's bytes.
+    The same device symptoms without the run's own writes stay a storage anomaly."""
+    from reveal_plugins.detect.batch.stages import OWN_IO
+
+    own = SynthHost(2, seed=5, anomalies=[("ownio", 70, 95)])
+    t, v, ch = own.frame(160, 0.1)
+    det = detect(t, v, ch)
+    assert det.anomalies == []
+    seen = [o for o in det.observations if o["why_not_anomaly"].startswith(OWN_IO)]
+    assert len(seen) == 1 and "storage.run.write_bytes" in seen[0]["why_not_anomaly"]
+    assert abs(seen[0]["start"] - (own.t0 + 70)) <= 4
+    assert any("run's own I/O" in n for n in det.notes)
+
+    stall = SynthHost(2, seed=5, anomalies=[("storage", 70, 95)])
+    t, v, ch = stall.frame(160, 0.1)
+    assert [a["subsystem"] for a in detect(t, v, ch).anomalies] == ["storage"]
+
+
+def test_a_cpu_symptom_beside_the_runs_own_io_keeps_the_anomaly():
+    """The run's own writes explain only what writes do to a device: CPU contention at the
+    same time (run queue, CPU pressure) is still a finding."""
+    h = SynthHost(2, seed=5, anomalies=[("ownio", 70, 95), ("cpu", 70, 95)])
+    t, v, ch = h.frame(160, 0.1)
+    det = detect(t, v, ch)
+    assert len(det.anomalies) == 1, det.observations
+    assert det.anomalies[0]["subsystem"] in ("cpu", "storage")

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from reveal_plugins.detect.batch.stages import OWN_IO
+
 
 # records real telemetry: not while a benchmark or another such test records
 pytestmark = pytest.mark.usefixtures("quiet_machine")
@@ -96,13 +98,18 @@ def test_fsynced_checkpoints_are_the_jobs_own_under_both_launchers(tmp_path, lau
                     "(tmpfs?): no writeback to attribute")
     rep = report_schema_validate(json.loads((run / "report.json").read_text()))
     assert rep["status"] in ("ok", "partial"), rep.get("notes")
-    # The claim is "not a neighbour's": no storage finding blamed on load outside the run.
-    # On a slow shared disk the job's own fsync can stall its iterations, and that shows as
-    # a storage *symptom* anomaly of the job itself (families symptoms + impact, no foreign
-    # support); whether such a self-inflicted stall should be reported is a separate
-    # question, not this test's.
-    blamed = [{k: a.get(k) for k in ("id", "subsystem", "families", "foreign", "symptoms")}
-              for a in rep["anomalies"]
+    # The claim is "the job's own": no storage finding blamed on a neighbour, and no finding
+    # at all without a process outside the run.  On a slow shared disk the job's own fsync
+    # can stall its iterations (+34 % and +63 % in two CI runs); that is its own I/O phase,
+    # an observation that names storage.run.*_bytes.
+    keys = ("id", "subsystem", "families", "foreign", "symptoms", "evidence")
+    blamed = [{k: a.get(k) for k in keys} for a in rep["anomalies"]
               if (a["subsystem"] == "storage" and "foreign" in a.get("families", []))
               or "storage.foreign" in json.dumps(a.get("foreign"))]
     assert blamed == [], (blamed, r.stdout[-3000:])
+    own = [{k: a.get(k) for k in keys} for a in rep["anomalies"]
+           if "foreign" not in a.get("families", [])]
+    assert own == [], (own, r.stdout[-3000:])
+    for o in rep["observations"]:
+        if o["why_not_anomaly"].startswith(OWN_IO):
+            assert "storage.run." in o["why_not_anomaly"], o

@@ -49,6 +49,8 @@ class SynthHost:
         for f, u in (("read_bytes", "B"), ("write_bytes", "B"), ("reads", ""), ("writes", ""),
                      ("io_ticks", "ms"), ("time_in_queue", "ms")):
             add(f"storage.sda.{f}", u, "counter")
+        if any(k == "ownio" for k, _, _ in self.anomalies):
+            add("storage.run.write_bytes", "B", "counter")   # the run's own writes
         add("storage.psi.some_total", "us", "counter")
         add("storage.psi.full_total", "us", "counter")
         for f, u in (("rx_bytes", "B"), ("tx_bytes", "B"), ("rx_packets", ""),
@@ -83,10 +85,13 @@ class SynthHost:
         cpu_a, mem_a = self.active(rel, "cpu"), self.active(rel, "memory")
         sto_a, net_a = self.active(rel, "storage"), self.active(rel, "network")
         steal_a = self.active(rel, "steal")
+        # "ownio": the run's own checkpoint, its writes and what they do to the device
+        own_a = self.active(rel, "ownio")
+        dev_a = sto_a | own_a
         # training loop: ~80 % busy with an iteration ripple
         busy = 0.8 + 0.05 * np.sin(2 * np.pi * rel / 0.7) + 0.03 * rng.standard_normal(n)
         busy = np.clip(busy + 0.18 * cpu_a + 0.1 * mem_a, 0.05, 0.99)
-        iow = np.clip(0.003 + 0.002 * rng.standard_normal(n) + 0.35 * sto_a, 0, 0.5)
+        iow = np.clip(0.003 + 0.002 * rng.standard_normal(n) + 0.35 * dev_a, 0, 0.5)
         steal = np.clip(0.001 * rng.random(n) + 0.3 * steal_a, 0, 0.5)
         hz = 100.0 * self.n_cores
         shares = {"user": busy * 0.85, "nice": np.zeros(n) + 0.0005 * rng.random(n),
@@ -116,13 +121,15 @@ class SynthHost:
         rate[:, self.idx["memory.psi.some_total"]] = 1000 * rng.random(n) + 200000 * mem_a
         rate[:, self.idx["memory.psi.full_total"]] = 500 * rng.random(n) + 100000 * mem_a
         rate[:, self.idx["storage.sda.read_bytes"]] = 2e5 * rng.random(n) + 80e6 * sto_a
-        rate[:, self.idx["storage.sda.write_bytes"]] = 5e5 * rng.random(n) + 60e6 * sto_a
+        rate[:, self.idx["storage.sda.write_bytes"]] = 5e5 * rng.random(n) + 60e6 * dev_a
         rate[:, self.idx["storage.sda.reads"]] = 5 * rng.random(n) + 600 * sto_a
-        rate[:, self.idx["storage.sda.writes"]] = 10 * rng.random(n) + 400 * sto_a
-        rate[:, self.idx["storage.sda.io_ticks"]] = 20 * rng.random(n) + 900 * sto_a
-        rate[:, self.idx["storage.sda.time_in_queue"]] = 30 * rng.random(n) + 5000 * sto_a
-        rate[:, self.idx["storage.psi.some_total"]] = 2000 * rng.random(n) + 400000 * sto_a
-        rate[:, self.idx["storage.psi.full_total"]] = 1000 * rng.random(n) + 300000 * sto_a
+        rate[:, self.idx["storage.sda.writes"]] = 10 * rng.random(n) + 400 * dev_a
+        rate[:, self.idx["storage.sda.io_ticks"]] = 20 * rng.random(n) + 900 * dev_a
+        rate[:, self.idx["storage.sda.time_in_queue"]] = 30 * rng.random(n) + 5000 * dev_a
+        rate[:, self.idx["storage.psi.some_total"]] = 2000 * rng.random(n) + 400000 * dev_a
+        rate[:, self.idx["storage.psi.full_total"]] = 1000 * rng.random(n) + 300000 * dev_a
+        if "storage.run.write_bytes" in self.idx:
+            rate[:, self.idx["storage.run.write_bytes"]] = 1e4 * rng.random(n) + 60e6 * own_a
         nf = 1 - 0.9 * net_a
         rate[:, self.idx["network.eth0.rx_bytes"]] = 50e6 * nf * (1 + 0.1 * rng.standard_normal(n))
         rate[:, self.idx["network.eth0.tx_bytes"]] = 50e6 * nf * (1 + 0.1 * rng.standard_normal(n))

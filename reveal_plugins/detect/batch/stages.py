@@ -231,6 +231,10 @@ def event_stage(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, cf
     return EventStage(flag, groups, spans, center, scale, fam, attr.symptom_mask(P.names))
 
 
+#: How an observation of the run's own I/O begins (:func:`attribution.own_io`).
+OWN_IO = "the run's own I/O explains it"
+
+
 @dataclass
 class Judgement:
     """One event judged: an anomaly, an observation (activity without evidence), or weak."""
@@ -290,6 +294,11 @@ def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: Ev
             out.observations.append(o)
         else:
             kept.append(a)
+    own = sum(1 for o in out.observations if o["why_not_anomaly"].startswith(OWN_IO))
+    if own:
+        out.notes.append(f"{own} event(s) were the run's own I/O (its checkpoints or data "
+                         "loading, no process outside the run took part): observations in "
+                         "report.json, not anomalies")
     set_anomalies(out, kept, weak, cfg)
 
 
@@ -377,10 +386,17 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
     families = [f for f, on in (("symptoms", bool(symp)), ("foreign", bool(fsup)),
                                 ("impact", slowed), ("baseline", from_baseline)) if on]
     why = None
+    own = None if fsup or from_baseline else attr.own_io(dev, observed, c_ref, P.names, hits,
+                                                          cfg.min_deviation)
     if cfg.require_symptom and not families:
         why = ("activity changed, but nothing outside the run's own behaviour explains it: "
                "no pressure, stall, loss or throttling signal moved, no process outside the "
                "run took CPU, memory or I/O, and the iterations did not slow down")
+    elif own:
+        why = (f"{OWN_IO}: {own}, and nothing outside the run took part; what it held back "
+               "is the job's own I/O phase (a checkpoint, data loading), not the machine"
+               + (f"; its iterations took {impact['iteration_time_pct']:+.0f} % meanwhile"
+                  if slowed else ""))
     elif not from_baseline and at_edge(_foreign_onset(E, W, rows, s0), s1, W.starts, W.ends,
                                        cfg) and not (slowed and steady_before(events, s0, cfg)) \
             and not any(f.get("sustained") for f in fsup):

@@ -181,6 +181,34 @@ def consequences(dev: np.ndarray, names: list[str], hits: np.ndarray | None) -> 
     return less if cause else np.zeros(len(names), bool)
 
 
+#: The run's own block I/O: bytes its processes (or its cgroup) read from and wrote to storage.
+RUN_IO = re.compile(r"^storage\.run\.(read|write)_bytes$")
+#: Symptoms the run's own I/O causes by itself on its device: queueing and latency, tasks
+#: blocked on I/O, I/O pressure, iowait.
+_IO_SYMPTOM = re.compile(r"^(storage\.|cpu\.all\.iowait_pct$)")
+#: The least rise of the run's own I/O (bytes/s) that makes an event an I/O phase of its own.
+RUN_IO_MIN = 1048576.0
+
+
+def own_io(dev: np.ndarray, observed: np.ndarray, center: np.ndarray, names: list[str],
+           hits: np.ndarray, min_dev: float) -> str | None:
+    """What the run itself read or wrote, when its own I/O explains the event: its I/O rose
+    (``min_dev`` spreads and ``RUN_IO_MIN``) and every symptom that fired is one that this
+    I/O causes on its device (or its GPUs idling meanwhile).  A checkpoint written and synced,
+    a dataset read at start: the job's own phase, not the machine.  The caller makes sure no
+    process outside the run took part (no foreign support).  None otherwise."""
+    rose = [j for j, n in enumerate(names) if RUN_IO.match(n) and dev[j] >= min_dev
+            and observed[j] - center[j] >= RUN_IO_MIN]
+    if not rose:
+        return None
+    for j in np.nonzero(hits)[0]:
+        n = names[j]
+        if not (_IO_SYMPTOM.match(n) or (dev[j] < 0 and _GPU_LESS.match(n))):
+            return None
+    return ", ".join(f"{names[j]} {center[j] / 1048576:.1f} → {observed[j] / 1048576:.1f} "
+                     "MiB/s" for j in rose)
+
+
 def subsystem_of(name: str) -> str:
     for prefix, sub in _SUBSYSTEM_OF:
         if name.startswith(prefix):

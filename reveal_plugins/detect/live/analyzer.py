@@ -166,7 +166,7 @@ class LiveAnalyzer:
                 self._run.append(key)
                 self._active_until = float(win.end[i]) + cfg["gap_s"]
                 if self._active is None and len(self._run) >= cfg["min_windows"]:
-                    out.append(self._finding(win, means, center, scale, float(win.mid[i])))
+                    out += self._finding(win, means, center, scale, float(win.mid[i]))
                 elif self._active is not None:
                     # a different subsystem taking over while flags go on is a new finding
                     hits = strength > 0
@@ -178,8 +178,7 @@ class LiveAnalyzer:
                     self._other = self._other + [key] if moved else []
                     if len(self._other) >= 2 * cfg["min_windows"]:
                         self._run, self._other = list(self._other), []
-                        out.append(self._finding(win, means, center, scale,
-                                                 float(win.mid[i])))
+                        out += self._finding(win, means, center, scale, float(win.mid[i]))
             else:
                 self._run = []
                 self._other = []
@@ -190,7 +189,9 @@ class LiveAnalyzer:
         self._flagged = {k: v for k, v in self._flagged.items() if k >= lo}
         return out
 
-    def _finding(self, win, means, center, scale, mid_last: float) -> dict:
+    def _finding(self, win, means, center, scale, mid_last: float) -> list[dict]:
+        """The finding of the flagged windows in ``self._run`` (one), or none when the run's
+        own I/O explains them (the job-end analysis's rule, :func:`attribution.own_io`)."""
         from ..pipeline import hints_for
 
         starts = self._run
@@ -209,6 +210,9 @@ class LiveAnalyzer:
         fsub = fl.subsystem(fsup, self._fam.share(idx), [names[j] for j in np.nonzero(hits)[0]])
         if fsub:
             sub = fsub
+        if not fsup and attr.own_io(dev, observed, center, names, hits,
+                                    self.cfg["min_deviation"]):
+            return []
         ev = attr.evidence(dev, observed, center, names, units, prefer=sub, hits=hits)
         stride = self.cfg["stride_s"]
         start = float(starts[0]) + self.cfg["window_s"] / 2 - stride / 2
@@ -228,4 +232,4 @@ class LiveAnalyzer:
         an["hints"] = hints_for(an, {"channels": chans, "meta": {}, "impact": None, "facts": {},
                                      "foreign": an.get("foreign")})
         self._active = an
-        return an
+        return [an]
