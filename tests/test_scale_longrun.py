@@ -266,3 +266,44 @@ def test_feature_files_are_compact_exact_and_the_old_format_still_reads(run, tmp
     fs.clear()            # --full through the same store: the names file is written again
     fs.update(d, _metas(d), 0.1, 3.0, 1.0)
     assert featstore.read_names(fs.files()[0][2]) == names
+
+
+def test_the_agent_featurizes_the_rows_it_wrote_without_reading_them_back(tmp_path,
+                                                                           monkeypatch):
+    """The segment writer hands each segment's rows to the featurizer with its path: the
+    feature files are those of the segments read back from disk (NaNs and held values
+    included), and no segment is read to make them."""
+    from reveal_plugins.detect.longrun import featstore
+
+    h = SynthHost(2, seed=6, anomalies=[("cpu", 40, 60)])
+    t, v, ch = h.frame(95, 0.1)
+    v[100:130, 3] = np.nan                  # a probe that failed for 3 s
+    v[::10, 5] = np.nan                     # a slow channel read once a second
+    d = str(tmp_path / "run")
+    os.makedirs(d)
+    w = store.SegmentWriter(d, ch, 10.0)
+    fw = FeatureWriter(d, ch, 0.1)
+    w.on_segment = fw
+    real_read = featstore.store.read_segment
+    reads = []
+    monkeypatch.setattr(featstore.store, "read_segment",
+                        lambda *a: reads.append(a[0]) or real_read(*a))
+    for i in range(len(t)):
+        w.add(float(t[i]), v[i])
+    w.flush()
+    fw.close(timeout=60)                    # (SegmentWriter.close waits 2 s at most)
+    assert fw.failed is None and reads == []
+    got = {os.path.basename(p): read(p) for _, _, p in FeatureStore.for_run(d).files()}
+    assert len(got) == len(store.segment_paths(d)) == 10
+
+    monkeypatch.undo()
+    ref = FeatureStore.for_run(d)
+    ref.clear()
+    ref.update(d, ch, 0.1, 3.0, 1.0)        # the same segments, read from disk
+    want = {os.path.basename(p): read(p) for _, _, p in ref.files()}
+    assert got.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(got[k].start, want[k].start)
+        for s in want[k].stats:
+            assert np.array_equal(got[k].stats[s], want[k].stats[s], equal_nan=True), (k, s)
+        assert np.array_equal(got[k].colstats, want[k].colstats)

@@ -102,7 +102,9 @@ def reveal_run_features(run_dir: str, channels: "list[Any]", interval_s: float |
                         config: dict[str, Any]) -> Any:
     """A callable ``writer(segment_path)`` that featurizes each closed segment of a new run
     while it goes on (so the job-end analysis of a long run reads features, not samples), with
-    ``close(timeout)`` and ``failed``; None to leave it to the job-end analysis.  The agent
+    ``close(timeout)`` and ``failed``; None to leave it to the job-end analysis.  One with
+    ``takes_rows = True`` is called ``writer(segment_path, rows=(t, values))``: the segment's
+    rows as :func:`reveal_plugins.store.store.read_segment` would return them.  The agent
     calls this; the built-in implementation is :func:`reveal_plugins.detect.longrun.featstore.
     feature_writer`, registered by :mod:`reveal_plugins.detect.plugin`."""
 

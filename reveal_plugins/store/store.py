@@ -303,7 +303,9 @@ class SegmentWriter:
         self._first_t: float | None = None
         self.seq = self._next_seq()
         # called with the path of every segment written (the incremental featurizer of
-        # reveal_plugins.detect.longrun.featurize); its close() is called by close()
+        # reveal_plugins.detect.longrun.featurize); its close() is called by close().  One
+        # with ``takes_rows = True`` also gets the segment's rows as they read back
+        # (``rows=(t, values)``), so it need not read the file it was just handed.
         self.on_segment: Any = None
         self.bytes_written = 0
         self.samples_written = 0
@@ -362,7 +364,11 @@ class SegmentWriter:
         path = os.path.join(self.dir, name)
         if self.on_segment is not None:
             try:
-                self.on_segment(path)
+                if getattr(self.on_segment, "takes_rows", False):
+                    # what read_segment returns for this file: ms timestamps, float64 values
+                    self.on_segment(path, rows=(t_ms.astype(np.float64) / 1000.0, values))
+                else:
+                    self.on_segment(path)
             except Exception as e:  # a consumer never costs a segment
                 log.warning("%s: segment consumer failed: %s", path, e)
         return path

@@ -154,8 +154,9 @@ class FeatureStore:
         table = pa.Table.from_arrays(cols, schema=schema)
         meta = {b"reveal": FORMAT.encode(), b"info": json.dumps(info).encode(),
                 b"names_sha": self._write_names(names).encode(),
+                # level 6: 2 % larger than 9 here, 14x faster (0.16 against 2.3 ms a file)
                 b"colstats": zlib.compress(np.ascontiguousarray(ch.colstats,
-                                                                np.float64).tobytes(), 9)}
+                                                                np.float64).tobytes(), 6)}
         name = f"feat-{a:06d}-{b:06d}.parquet"
         with atomic_file(self.path, name, 0o640, sync=self.sync) as f:
             with pq.ParquetWriter(f, schema, compression="zstd", compression_level=1,
@@ -200,11 +201,14 @@ class FeatureStore:
     # -- featurizing ---------------------------------------------------------------------
     def update(self, run_dir: str, metas: Sequence[ChannelMeta], interval_s: float | None,
                window_s: float, stride_s: float, upto: str | None = None,
-               final: bool = False, warnings: list[str] | None = None
+               final: bool = False, warnings: list[str] | None = None,
+               given: dict[str, tuple[np.ndarray, np.ndarray]] | None = None
                ) -> tuple[Chunk | None, int, int]:
         """Featurize the segments not covered yet (up to the segment named ``upto``), one file
         each; with ``final`` also the windows still open at the end of the run, returned (not
-        stored: the run might go on).  Returns ``(tail chunk, segments read, bytes read)``."""
+        stored: the run might go on).  ``given``: rows of segments by path, as
+        :func:`store.read_segment` would return them (the writer's own copy), not read again.
+        Returns ``(tail chunk, segments read, bytes read)``."""
         names = [m.name for m in metas]
         paths = store.segment_paths(run_dir)
         if upto is not None:
@@ -230,9 +234,12 @@ class FeatureStore:
         pnames = f.names
         for p, s in zip(paths[start:], seqs[start:]):
             try:
-                t, raw = store.read_segment(p, names)
-                nbytes += os.path.getsize(p)
-                nseg += 1
+                if given and p in given:
+                    t, raw = given[p]
+                else:
+                    t, raw = store.read_segment(p, names)
+                    nbytes += os.path.getsize(p)
+                    nseg += 1
             except Exception as e:  # corrupt or truncated: the others still count
                 if warnings is not None:
                     warnings.append(f"{p}: skipped unreadable segment ({type(e).__name__}: "
@@ -369,9 +376,13 @@ class FeatureWriter:
         self._thread.start()
         self.failed: str | None = None
 
-    def __call__(self, path: str) -> None:
-        """A segment was written (``SegmentWriter.on_segment``): queue it."""
-        self._q.put(path)
+    #: ``SegmentWriter`` hands over each segment's rows with its path: featurized without
+    #: reading the file back (a third of the featurizer's time per segment)
+    takes_rows = True
+
+    def __call__(self, path: str, rows: tuple[np.ndarray, np.ndarray] | None = None) -> None:
+        """A segment was written (``SegmentWriter.on_segment``): queue it (with its rows)."""
+        self._q.put((path, rows))
 
     def close(self, timeout: float = 2.0) -> None:
         self._q.put(None)
@@ -385,14 +396,16 @@ class FeatureWriter:
             log.warning("%s: no incremental features (%s)", self.run_dir, e)
             fs = None
         while True:
-            path = self._q.get()
-            if path is None:
+            item = self._q.get()
+            if item is None:
                 return
+            path, rows = item
             if fs is None or self.failed:
                 continue
             try:
                 fs.update(self.run_dir, self.metas, self.interval_s, self.window_s,
-                          self.stride_s, upto=os.path.basename(path))
+                          self.stride_s, upto=os.path.basename(path),
+                          given={path: rows} if rows is not None else None)
             except Exception as e:  # never the agent's problem: job-end analysis catches up
                 self.failed = f"{type(e).__name__}: {e}"
                 log.warning("%s: incremental featurization stopped: %s", self.run_dir,
