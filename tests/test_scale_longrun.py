@@ -48,6 +48,16 @@ def _agent_features(d, upto_last=True):
     return fs
 
 
+def _same_features(got: dict, want: dict) -> None:
+    """Two sets of feature files (by name) hold the same windows and numbers, NaNs included."""
+    assert got.keys() == want.keys()
+    for k in want:
+        assert np.array_equal(got[k].start, want[k].start)
+        for s in want[k].stats:
+            assert np.array_equal(got[k].stats[s], want[k].stats[s], equal_nan=True), (k, s)
+        assert np.array_equal(got[k].colstats, want[k].colstats)
+
+
 def _comparable(rep):
     rep = json.loads(json.dumps(rep, default=float))
     for k in ("seconds", "full"):
@@ -88,12 +98,7 @@ def test_resumed_featurization_writes_the_same_features(run):
     first.update(d, _metas(d), 0.1, 3.0, 1.0, upto=os.path.basename(paths[20]))
     FeatureStore.for_run(d).update(d, _metas(d), 0.1, 3.0, 1.0)   # the restarted agent
     got = {os.path.basename(p): read(p) for _, _, p in ref.files()}
-    assert got.keys() == want.keys()
-    for k in want:
-        assert np.array_equal(got[k].start, want[k].start)
-        for s in want[k].stats:
-            assert np.array_equal(got[k].stats[s], want[k].stats[s], equal_nan=True), (k, s)
-        assert np.array_equal(got[k].colstats, want[k].colstats)
+    _same_features(got, want)
 
 
 def test_streamed_analysis_finds_what_the_in_memory_one_finds(run):
@@ -301,9 +306,4 @@ def test_the_agent_featurizes_the_rows_it_wrote_without_reading_them_back(tmp_pa
     ref.clear()
     ref.update(d, ch, 0.1, 3.0, 1.0)        # the same segments, read from disk
     want = {os.path.basename(p): read(p) for _, _, p in ref.files()}
-    assert got.keys() == want.keys()
-    for k in want:
-        assert np.array_equal(got[k].start, want[k].start)
-        for s in want[k].stats:
-            assert np.array_equal(got[k].stats[s], want[k].stats[s], equal_nan=True), (k, s)
-        assert np.array_equal(got[k].colstats, want[k].colstats)
+    _same_features(got, want)
