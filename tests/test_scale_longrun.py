@@ -89,7 +89,7 @@ def test_resumed_featurization_writes_the_same_features(run):
     """An agent restart (a fresh featurizer resuming from the files) changes no number."""
     d, _ = run
     paths = store.segment_paths(d)
-    ref = FeatureStore.for_run(d)
+    ref = FeatureStore.for_run(d, create=True)
     ref.clear()
     ref.update(d, _metas(d), 0.1, 3.0, 1.0)
     want = {os.path.basename(p): read(p) for _, _, p in ref.files()}
