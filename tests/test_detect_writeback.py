@@ -4,12 +4,18 @@ record``.  The node's disk writes are the job's own: no anomaly.  (Before the fi
 writeback read as a 9-s ``storage`` anomaly with foreign writes as its evidence.)"""
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from reveal_plugins.detect.batch.stages import OWN_IO
+
+#: What writing and syncing a checkpoint moves: the run's bytes, the disks, the kernel's
+#: dirty-page and writeback counters.
+WRITES = re.compile(r"^(storage\.|memory\.vm\.(pgpgout|nr_written|nr_dirtied|nr_dirty|"
+                    r"nr_writeback))")
 
 
 # records real telemetry: not while a benchmark or another such test records
@@ -99,16 +105,19 @@ def test_fsynced_checkpoints_are_the_jobs_own_under_both_launchers(tmp_path, lau
     rep = report_schema_validate(json.loads((run / "report.json").read_text()))
     assert rep["status"] in ("ok", "partial"), rep.get("notes")
     # The claim is "the job's own": no storage finding blamed on a neighbour, and no finding
-    # at all without a process outside the run.  On a slow shared disk the job's own fsync
-    # can stall its iterations (+34 % and +63 % in two CI runs); that is its own I/O phase,
-    # an observation that names storage.run.*_bytes.
+    # of the job's own writes without a process outside the run.  On a slow shared disk the
+    # job's own fsync can stall its iterations (+34 % and +63 % in two CI runs); that is its
+    # own I/O phase, an observation that names storage.run.*_bytes.  (Other things a shared
+    # CI machine does meanwhile -- its page cache shrinking by 270 MB in one run, with the
+    # iterations +12 % -- are not this test's claim.)
     keys = ("id", "subsystem", "families", "foreign", "symptoms", "evidence")
     blamed = [{k: a.get(k) for k in keys} for a in rep["anomalies"]
               if (a["subsystem"] == "storage" and "foreign" in a.get("families", []))
               or "storage.foreign" in json.dumps(a.get("foreign"))]
     assert blamed == [], (blamed, r.stdout[-3000:])
     own = [{k: a.get(k) for k in keys} for a in rep["anomalies"]
-           if "foreign" not in a.get("families", [])]
+           if "foreign" not in a.get("families", [])
+           and any(WRITES.match(e["channel"]) for e in a["evidence"][:5])]
     assert own == [], (own, r.stdout[-3000:])
     for o in rep["observations"]:
         if o["why_not_anomaly"].startswith(OWN_IO):
