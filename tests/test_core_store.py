@@ -39,6 +39,34 @@ def test_roundtrip_is_exact_including_missing_values(tmp_path):
     assert r.segments == 4 and r.warnings == []
 
 
+def test_segments_reach_parquet_in_memory_that_arrow_owns(tmp_path, monkeypatch):
+    """CI saw `reveal analyze` abort at exit ("terminate called without an active exception",
+    rc -6) after a correct report: an Arrow worker thread dropped the last reference to a
+    segment's pages while the interpreter finalized, and the pages wrapped a Python file
+    object's bytes, whose release needs the GIL (apache/arrow#34314).  Segments are read
+    into Arrow's own memory, with the open file never handed to Arrow; the rows are the
+    same."""
+    import pyarrow as pa
+    from reveal_plugins.store import finalize
+    rows, _ = _write(tmp_path)
+    sources, buffers = [], []
+    real_pf, real_br, real_rt = pq.ParquetFile, pa.BufferReader, pq.read_table
+    monkeypatch.setattr(store.pq, "ParquetFile",
+                        lambda src, *a, **k: sources.append(src) or real_pf(src, *a, **k))
+    monkeypatch.setattr(finalize.pq, "read_table",
+                        lambda src, *a, **k: sources.append(src) or real_rt(src, *a, **k))
+    monkeypatch.setattr(store.pa, "BufferReader",
+                        lambda buf: buffers.append(buf) or real_br(buf))
+    r = store.load_run(str(tmp_path))
+    assert np.allclose(r.frame.values, rows, equal_nan=True)
+    assert finalize.last_sample_time(str(tmp_path)) == pytest.approx(1_700_000_003.4)
+    assert len(sources) == r.segments + 1 and len(buffers) == len(sources)
+    assert all(isinstance(s, pa.NativeFile) and not isinstance(s, pa.PythonFile)
+               for s in sources), sources
+    # allocated by Arrow (a bytes object would be wrapped read-only)
+    assert all(b.is_mutable and b.size > 0 for b in buffers)
+
+
 def test_segments_are_plain_parquet_with_channel_names(tmp_path):
     _write(tmp_path)
     t = pq.read_table(store.segment_paths(str(tmp_path))[0]).to_pydict()

@@ -49,6 +49,17 @@ def test_builtin_rule_fires(sub, chans, title):
         assert not h.get("fallback")
 
 
+def test_a_qdisc_dropping_for_its_rate_is_shaping_not_interface_errors():
+    """A shaper's drops (network.<if>.qdisc_drops) are no link errors: no cable or transceiver
+    advice, the qdisc's own rule with the `tc` command for that interface."""
+    an = {"subsystem": "network", "evidence": [{"channel": "x", "deviation": 5.0}]}
+    hints = hints_for(an, ctx(**{"network.veth1.qdisc_drops": (0, 40, 16, "packets/s"),
+                                 "network.veth1.qdisc_backlog": (0, 21000, 5, "bytes")}))
+    assert [h["rule"] for h in hints] == ["network_shaped"], hints
+    assert "tc -s qdisc show dev veth1" in hints[0]["action"]
+    assert "veth1" in hints[0]["title"]
+
+
 def test_fallback_only_when_nothing_specific():
     an = {"subsystem": "system", "evidence": [{"channel": "system.forks", "deviation": 9.0}]}
     hints = hints_for(an, ctx(**{"system.forks": (1, 50, 9, "count/s")}))

@@ -72,3 +72,13 @@ def test_the_runs_own_checkpoint_io_raises_no_live_finding():
     """The job-end rule live: the run's own writes queueing its device are its own phase;
     the same symptoms without them are a storage finding (the test above)."""
     assert _feed(SynthHost(2, seed=7, anomalies=[("ownio", 80, 110)]), 150)[0] == []
+
+
+def test_a_shaped_link_is_a_live_network_finding():
+    """The qdisc's floors are the live analyzer's too: a tbf holding packets back is found
+    within 10 s as `network`, with the shaper's hint."""
+    h = SynthHost(2, seed=7, anomalies=[("shaped", 80, 110)])
+    found, _ = _feed(h, 150)
+    assert [a["subsystem"] for a in found] == ["network"], found
+    assert 0 <= found[0]["detected_at"] - (h.t0 + 80) <= 10
+    assert found[0]["hints"][0]["rule"] == "network_shaped"

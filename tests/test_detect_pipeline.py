@@ -157,3 +157,26 @@ def test_a_cpu_symptom_beside_the_runs_own_io_keeps_the_anomaly():
     det = detect(t, v, ch)
     assert len(det.anomalies) == 1, det.observations
     assert det.anomalies[0]["subsystem"] in ("cpu", "storage")
+
+
+def test_a_shaped_link_is_a_network_anomaly_by_its_qdisc():
+    """Issue 21 (the miss of the 51a66f5 test split): `tc qdisc ... tbf` on the link of a DDP
+    job cuts its bytes and its CPU, with no loss and no retransmission.  What says it is the
+    machine is the qdisc: a small standing queue (one or two 10-KiB segments) and packets held
+    back for the rate (overlimits ~100/s) where there were none.  Their floors are those of a
+    queue (4 KiB, 2.5 packets/s), not of a memory level (64 MiB) or a packet rate (200/s), so
+    that finding is a network anomaly naming the qdisc, not an observation of the job
+    slowing down by itself."""
+    h = SynthHost(2, seed=7, anomalies=[("shaped", 70, 92)])
+    t, v, ch = h.frame(160, 0.1)
+    det = detect(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["network"], det.observations
+    a = det.anomalies[0]
+    assert abs(a["start"] - (h.t0 + 70)) <= 4 and abs(a["end"] - (h.t0 + 92)) <= 6
+    assert any(e["channel"] == "network.eth0.qdisc_overlimits" for e in a["evidence"])
+    assert a["hints"][0]["rule"] == "network_shaped"
+    assert "tc -s qdisc show dev eth0" in a["hints"][0]["action"]
+
+    clean = SynthHost(2, seed=7)
+    t, v, ch = clean.frame(160, 0.1)
+    assert detect(t, v, ch).anomalies == []

@@ -57,6 +57,11 @@ class SynthHost:
                      ("tx_packets", "")):
             add(f"network.eth0.{f}", u, "counter")
         add("network.tcp.RetransSegs", "", "counter")
+        if any(k == "shaped" for k, _, _ in self.anomalies):   # the qdisc probe's channels
+            add("network.eth0.qdisc_backlog", "bytes", "gauge")
+            add("network.eth0.qdisc_qlen", "packets", "gauge")
+            add("network.eth0.qdisc_drops", "packets", "counter")
+            add("network.eth0.qdisc_overlimits", "packets", "counter")
         add("system.uptime", "s", "gauge")
         for i in range(extra_gauges):
             add(f"system.extra{i}", "", "gauge")
@@ -85,12 +90,16 @@ class SynthHost:
         cpu_a, mem_a = self.active(rel, "cpu"), self.active(rel, "memory")
         sto_a, net_a = self.active(rel, "storage"), self.active(rel, "network")
         steal_a = self.active(rel, "steal")
+        # "shaped": a tbf on the link, as `tc qdisc ... tbf rate 2mbit` does to a DDP job:
+        # ~1.5 MB/s fewer bytes (lost in the link's noise), the job waiting (less CPU), a small
+        # standing queue, packets held back for the rate (overlimits); no loss, no retransmits
+        shp_a = self.active(rel, "shaped")
         # "ownio": the run's own checkpoint, its writes and what they do to the device
         own_a = self.active(rel, "ownio")
         dev_a = sto_a | own_a
         # training loop: ~80 % busy with an iteration ripple
         busy = 0.8 + 0.05 * np.sin(2 * np.pi * rel / 0.7) + 0.03 * rng.standard_normal(n)
-        busy = np.clip(busy + 0.18 * cpu_a + 0.1 * mem_a, 0.05, 0.99)
+        busy = np.clip(busy + 0.18 * cpu_a + 0.1 * mem_a - 0.45 * shp_a, 0.05, 0.99)
         iow = np.clip(0.003 + 0.002 * rng.standard_normal(n) + 0.35 * dev_a, 0, 0.5)
         steal = np.clip(0.001 * rng.random(n) + 0.3 * steal_a, 0, 0.5)
         hz = 100.0 * self.n_cores
@@ -130,12 +139,17 @@ class SynthHost:
         rate[:, self.idx["storage.psi.full_total"]] = 1000 * rng.random(n) + 300000 * dev_a
         if "storage.run.write_bytes" in self.idx:
             rate[:, self.idx["storage.run.write_bytes"]] = 1e4 * rng.random(n) + 60e6 * own_a
-        nf = 1 - 0.9 * net_a
+        nf = 1 - 0.9 * net_a - 0.03 * shp_a    # (the job's share of a busy link)
         rate[:, self.idx["network.eth0.rx_bytes"]] = 50e6 * nf * (1 + 0.1 * rng.standard_normal(n))
         rate[:, self.idx["network.eth0.tx_bytes"]] = 50e6 * nf * (1 + 0.1 * rng.standard_normal(n))
         rate[:, self.idx["network.eth0.rx_packets"]] = 35000 * nf * (1 + 0.1 * rng.random(n))
         rate[:, self.idx["network.eth0.tx_packets"]] = 35000 * nf * (1 + 0.1 * rng.random(n))
         rate[:, self.idx["network.tcp.RetransSegs"]] = 0.2 * rng.random(n) + 40 * net_a
+        if "network.eth0.qdisc_backlog" in self.idx:
+            V[:, self.idx["network.eth0.qdisc_backlog"]] = shp_a * rng.choice(
+                [0.0, 10816.0, 21632.0], n)
+            V[:, self.idx["network.eth0.qdisc_qlen"]] = shp_a * rng.choice([0.0, 1.0, 2.0], n)
+            rate[:, self.idx["network.eth0.qdisc_overlimits"]] = shp_a * (90 + 20 * rng.random(n))
         V[:, self.idx["system.uptime"]] = 1000 + rel
         for i in range(len(self.channels)):
             if self.channels[i].name.startswith("system.extra"):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import store
@@ -20,8 +21,8 @@ def last_sample_time(run_dir: str) -> float | None:
         try:
             fd, _ = store.open_regular(path, store.MAX_SEGMENT_BYTES, "segment",
                                        nofollow_dir=True)
-            with open(fd, "rb") as f:
-                t = pq.read_table(f, columns=["t_ms"]).column("t_ms")
+            t = pq.read_table(pa.BufferReader(store.read_arrow_buffer(
+                fd, store.MAX_SEGMENT_BYTES)), columns=["t_ms"]).column("t_ms")
         except Exception:
             continue
         if len(t):

@@ -114,6 +114,28 @@ def open_regular(path: str, max_bytes: int, what: str = "file", *,
     return fd, st
 
 
+def read_arrow_buffer(fd: int, max_bytes: int) -> pa.Buffer:
+    """The whole file behind ``fd`` (closed here) in memory Arrow owns, for parquet readers.
+
+    Not a Python file object or ``bytes``: Arrow would wrap those in a buffer that needs the
+    GIL to be released, and its worker threads release the last reference to a reader's pages
+    a moment after a read returns; a process that exits in that moment (a short ``reveal
+    analyze``) aborts in interpreter teardown ("terminate called without an active
+    exception", apache/arrow#34314)."""
+    with os.fdopen(fd, "rb", buffering=0) as f:
+        size = os.fstat(f.fileno()).st_size
+        buf = pa.allocate_buffer(min(size, max_bytes), resizable=True)
+        view, got = memoryview(buf), 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                break                   # shorter than fstat said (being rewritten): keep it
+            got += n
+        view.release()
+    buf.resize(got)
+    return buf
+
+
 def read_bounded(path: str, max_bytes: int, what: str = "file") -> tuple[bytes, os.stat_result]:
     """The content of ``path`` opened by :func:`open_regular` (at most ``max_bytes``)."""
     fd, st = open_regular(path, max_bytes, what)
@@ -393,16 +415,15 @@ def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     millions of compressible ticks under a meta.json declaring thousands of channels cannot
     make the reader allocate gigabytes."""
     fd, _ = open_regular(path, MAX_SEGMENT_BYTES, "segment", nofollow_dir=True)
-    with os.fdopen(fd, "rb") as f:
-        pf = pq.ParquetFile(f)
-        md = pf.metadata
-        decoded = sum(md.row_group(i).column(j).total_uncompressed_size
-                      for i in range(md.num_row_groups) for j in range(md.num_columns))
-        if md.num_rows > MAX_SEGMENT_ROWS or decoded > MAX_SEGMENT_DECODED:
-            raise StoreError(f"{path}: declares {md.num_rows} rows, {decoded} bytes decoded; "
-                             f"more than a segment may hold ({MAX_SEGMENT_ROWS} rows, "
-                             f"{MAX_SEGMENT_DECODED} bytes); not read")
-        table = pf.read()
+    pf = pq.ParquetFile(pa.BufferReader(read_arrow_buffer(fd, MAX_SEGMENT_BYTES)))
+    md = pf.metadata
+    decoded = sum(md.row_group(i).column(j).total_uncompressed_size
+                  for i in range(md.num_row_groups) for j in range(md.num_columns))
+    if md.num_rows > MAX_SEGMENT_ROWS or decoded > MAX_SEGMENT_DECODED:
+        raise StoreError(f"{path}: declares {md.num_rows} rows, {decoded} bytes decoded; "
+                         f"more than a segment may hold ({MAX_SEGMENT_ROWS} rows, "
+                         f"{MAX_SEGMENT_DECODED} bytes); not read")
+    table = pf.read()
     if table.schema.metadata is None or \
             table.schema.metadata.get(b"reveal") != SEGMENT_FORMAT.encode():
         raise ValueError("not a reveal segment (schema metadata 'reveal' missing)")

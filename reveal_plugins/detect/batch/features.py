@@ -21,10 +21,20 @@ CLIP = 50.0
 _MiB = 1024.0 * 1024.0
 
 
+#: A qdisc's queue is no memory level (64 MiB) and its counters no packet rate (200/s): on a
+#: healthy interface they are 0, and what a shaper does is a queue of a few segments and tens
+#: of packets a second held back.  A quarter of each symptom's practical minimum
+#: (``attribution.SYMPTOMS``: 16 KiB, 10 packets, 10/s), so that minimum is 4 spreads.
+_QDISC_FLOORS = {"qdisc_backlog": 4096.0, "qdisc_qlen": 2.5, "qdisc_drops": 2.5,
+                 "qdisc_overlimits": 2.5, "qdisc_requeues": 2.5}
+
+
 def unit_floor(name: str, unit: str) -> float:
     """Smallest meaningful change for a channel, in its prepared unit (rates are per second)."""
     u = (unit or "").strip().lower().replace("µ", "u")
     leaf = name.rsplit(".", 1)[-1].lower()
+    if leaf in _QDISC_FLOORS:
+        return _QDISC_FLOORS[leaf]
     if u in ("%", "percent", "pct") or leaf.endswith("pct"):
         return 2.0
     if "octets" in leaf and u.endswith("/s"):      # /proc/net/netstat IpExt: bytes

@@ -75,7 +75,8 @@ def _severity(anomaly: dict, ctx: Ctx, base: str = "warning") -> str:
 _RULE_SUBSYSTEM = {"cpu_contention": "cpu", "cpu_steal": "cpu", "cpu_frequency": "cpu",
                    "memory_pressure": "memory", "memory_bandwidth": "memory",
                    "storage_stall": "storage", "network_degradation": "network",
-                   "network_errors": "network", "gpu_throttling": "gpu", "gpu_pcie_link": "gpu",
+                   "network_errors": "network", "network_shaped": "network",
+                   "gpu_throttling": "gpu", "gpu_pcie_link": "gpu",
                    "gpu_ecc_xid": "gpu", "gpu_nvlink": "gpu", "gpu_lost": "gpu",
                    "gpu_foreign": "gpu", "gpu_input_bound": "cpu"}
 
@@ -340,8 +341,32 @@ def network_degradation(anomaly: dict, context: Ctx) -> list[dict]:
 
 
 @hookimpl(specname="reveal_hints")
+def network_shaped(anomaly: dict, context: Ctx) -> list[dict]:
+    """A qdisc holding the job's packets back: a shaper or policer (tbf, htb, netem, an
+    ingress police) that somebody set or a site's setup left behind."""
+    m = _moved(context, r"^network\.[^.]+\.qdisc_(overlimits|backlog|qlen|drops)$", 3, +1)
+    if not m:
+        return []
+    ifaces = sorted({n.split(".")[1] for n, _ in m})
+    iface = ifaces[0]
+    return [_hint(
+        f"Traffic shaped on {', '.join(ifaces[:3])}: its qdisc holds packets back",
+        f"{'; '.join(_change(n, c) for n, c in m[:3])}. A queueing discipline with a rate "
+        "limit (a tbf/htb shaper, a policer, netem) delays or drops packets before they reach "
+        "the wire, so all-reduce and data loading run at its rate, not the link's."
+        + _impact_text(context),
+        f"`tc -s qdisc show dev {iface}` (and `tc -s filter show dev {iface} ingress`) shows "
+        "the qdisc, its rate and its counters; if nobody meant it (a test left behind, a "
+        f"wrong site default), remove it with `tc qdisc del dev {iface} root` and find what "
+        "sets it (node image, NetworkManager/systemd-networkd, a prolog).",
+        _severity(anomaly, context), "network_shaped")]
+
+
+@hookimpl(specname="reveal_hints")
 def network_errors(anomaly: dict, context: Ctx) -> list[dict]:
-    m = _moved(context, r"^network\..*(err|drop|symbol|link_down|discard|crc)", 2, +1)
+    m = [(n, c) for n, c in
+         _moved(context, r"^network\..*(err|drop|symbol|link_down|discard|crc)", 2, +1)
+         if ".qdisc_" not in n]      # a qdisc's drops are its shaping (network_shaped)
     if not m:
         return []
     ib = any(".ib" in n or "mlx" in n or "infiniband" in n for n, _ in m)
