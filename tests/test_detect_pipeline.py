@@ -141,6 +141,7 @@ def test_the_runs_own_checkpoint_io_is_an_observation_not_an_anomaly():
     assert det.anomalies == []
     seen = [o for o in det.observations if o["why_not_anomaly"].startswith(OWN_IO)]
     assert len(seen) == 1 and "storage.run.write_bytes" in seen[0]["why_not_anomaly"]
+    assert seen[0]["reason"] == "own_io"
     assert abs(seen[0]["start"] - (own.t0 + 70)) <= 4
     assert any("run's own I/O" in n for n in det.notes)
 

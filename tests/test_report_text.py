@@ -247,3 +247,36 @@ def test_slurm_summary_escapes_user_strings(tmp_path):
                             "end": rep["run"]["end"]}]
     out = render_summary(rep)
     assert "\x1b" not in out and "\r" not in out and r"0\x1b[2J\x0dfake" in out
+
+
+def test_what_was_seen_and_let_go_is_listed_with_its_reason(report_run):
+    """"No anomalies" next to a run that slowed down leaves a person guessing: the summary
+    lists the strongest observations with what explains them in a few words (the HTML gives
+    the full sentence), at most three, the others counted."""
+    from reveal_plugins.report.html import render_html
+    d, rep = report_run
+    t0 = rep["run"]["start"]
+    ev = [{"channel": "storage.run.write_bytes", "deviation": 9.0, "baseline": 0.0,
+           "observed": 35e6, "unit": "bytes/s"}]
+    rep["observations"] = [
+        {"start": t0 + 20, "end": t0 + 30, "subsystem": "storage", "score": 9.0, "evidence": ev,
+         "reason": "own_io", "why_not_anomaly": "the run's own I/O explains it: a checkpoint"},
+        {"start": t0 + 1, "end": t0 + 8, "subsystem": "cpu", "score": 7.0, "evidence": [],
+         "reason": "edge", "why_not_anomaly": "contiguous with the start-up or teardown"},
+        {"start": t0 + 100, "end": t0 + 104, "subsystem": "network", "score": 8.0,
+         "evidence": [], "reason": "brief", "why_not_anomaly": "brief: 4 s of evidence"},
+        {"start": t0 + 50, "end": t0 + 52, "subsystem": "memory", "score": 1.0,
+         "evidence": [], "reason": "own_activity", "why_not_anomaly": "activity changed"},
+    ]
+    out = render_text(rep, color=False, run_dir=d)
+    part = out[out.index("Seen, not anomalies (4)"):]
+    lines = part.splitlines()[1:5]
+    assert "+0:01 → +0:08" in lines[0] and "start-up or teardown" in lines[0]
+    assert "+0:20 → +0:30" in lines[1] and "own I/O phase" in lines[1]
+    assert "storage.run.write_bytes 0 MB/s → 35.0 MB/s" in lines[1]
+    assert "+1:40 → +1:44" in lines[2] and "too brief" in lines[2]
+    assert "1 more" in lines[3] and "activity" not in part.split("1 more")[0]
+    html = render_html(rep, d)
+    assert "Seen, not anomalies (4)" in html
+    assert "the run&#x27;s own I/O explains it: a checkpoint" in html
+    assert len(out.splitlines()) < 60

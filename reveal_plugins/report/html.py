@@ -255,6 +255,27 @@ def _anomaly_table(rep: dict, view: RunView | None) -> str:
     return f"<h3>Anomalies</h3><table class=anomalies>{head}{''.join(rows)}</table>"
 
 
+def _observation_table(rep: dict, view: RunView | None) -> str:
+    """What the analysis saw and let go, with the reason in full (the text summary shortens
+    it): the run's own phases, its start-up, a brief burst."""
+    obs = sorted(rep.get("observations") or [], key=lambda o: o["start"])
+    if not obs:
+        return ""
+    t0 = rep["run"]["start"]
+    channels = view.channels if view else None
+    rows = []
+    for o in obs:
+        ev_rows, _ = fmt.top_evidence(o, channels, 2)
+        ev_html = "<br>".join(f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}"
+                              "</span>" for c, ch, z in ev_rows)
+        rows.append(f"<tr><td>{esc(o.get('subsystem') or '?')}</td>"
+                    f"<td>{fmt.offset(o['start'] - t0)} → {fmt.offset(o['end'] - t0)}</td>"
+                    f"<td>{esc(o.get('why_not_anomaly') or '')}</td><td>{ev_html}</td></tr>")
+    head = "<tr><th>subsystem</th><th>when</th><th>why not an anomaly</th><th>evidence</th></tr>"
+    return (f"<h3>Seen, not anomalies ({len(obs)})</h3><table class=observations>{head}"
+            f"{''.join(rows)}</table>")
+
+
 def _hints(rep: dict) -> str:
     anomalies = sorted(rep.get("anomalies") or [], key=lambda a: a["start"])
     hints = fmt.unique_hints(anomalies)
@@ -318,7 +339,8 @@ def _verdict(rep: dict, view: RunView | None) -> str:
 
 def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
              heading: bool, label: str | None = None) -> str:
-    ev = [e["channel"] for a in rep.get("anomalies") or [] for e in a.get("evidence") or []]
+    ev = [e["channel"] for a in (rep.get("anomalies") or []) + (rep.get("observations") or [])
+          for e in a.get("evidence") or []]
     progress.update("loading telemetry")
     view = load_view(run_dir, ev)
     node = label or (host_of(view.meta) if view else (rep["run"].get("nodes") or ["?"])[0])
@@ -331,6 +353,7 @@ def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
     parts.append(_anomaly_table(rep, view))
     parts.append(gpu_html_section(rep))
     parts.append(_hints(rep))
+    parts.append(_observation_table(rep, view))
     if view is not None and len(view.frame.t) >= 2:
         parts.append("<h3>Timelines</h3><p class='muted small'>Shaded: anomalous windows "
                      "(darker in the subsystem they were attributed to); dotted lines: notes "

@@ -17,6 +17,17 @@ from .load import RunView, load_view
 BAR = 24
 MAX_ANOMALIES = 6
 MAX_EVIDENCE = 3
+MAX_OBSERVATIONS = 3
+#: What explains an observation, by its ``reason`` code (``detect.batch.stages.judge`` and
+#: ``detect.evidence.gpu``); the full sentence is in the JSON and HTML reports.
+OBSERVATION_REASONS = {
+    "own_activity": "the job's own activity: nothing outside it moved, no stall, no loss",
+    "own_io": "the job's own I/O phase (a checkpoint, data loading)",
+    "edge": "start-up or teardown of the run",
+    "brief": "too brief to hold a job back, and the iterations did not slow",
+    "gpus_alike": "every GPU moved alike: the job's own phase",
+    "gpu_named": "part of a GPU finding above",
+}
 SUBSYSTEM_NAMES = {"cpu": "CPU", "gpu": "GPU", "memory": "memory", "network": "network",
                    "storage": "storage", "system": "system"}
 
@@ -215,6 +226,30 @@ def _hints(rep: dict, s: Style, width: int) -> list[str]:
     return out
 
 
+def _observations(report: dict, view: RunView | None, s: Style) -> list[str]:
+    """The strongest changes judged not to be anomalies, one line each: a person who reads
+    "No anomalies" next to a run that did slow down sees what was seen and why it was let
+    go."""
+    obs = report.get("observations") or []
+    if not obs:
+        return []
+    start0 = report["run"]["start"]
+    top = sorted(obs, key=lambda o: -(o.get("score") or 0))[:MAX_OBSERVATIONS]
+    out = ["", s(f"Seen, not anomalies ({len(obs)})", "bold")
+           + s("  changes that the run itself explains", "dim")]
+    for o in sorted(top, key=lambda o: o["start"]):
+        sub = SUBSYSTEM_NAMES.get(o.get("subsystem"), o.get("subsystem") or "?")
+        why = OBSERVATION_REASONS.get(o.get("reason")) or str(
+            o.get("why_not_anomaly") or "").split(":")[0][:80]
+        rows, _ = fmt.top_evidence(o, view.channels if view else None, 1)
+        ev = f"  ({rows[0][0]} {rows[0][1]})".rstrip() if rows else ""
+        out.append(f"  {fmt.offset(o['start'] - start0)} → {fmt.offset(o['end'] - start0)} "
+                   f"{sub:<8} {why}" + s(ev, "dim"))
+    if len(obs) > MAX_OBSERVATIONS:
+        out.append(s(f"  … {len(obs) - MAX_OBSERVATIONS} more; see --format json", "dim"))
+    return out
+
+
 def _footnotes(report: dict, s: Style) -> list[str]:
     out = []
     checked = fmt.checked_text(report)
@@ -241,7 +276,8 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     report = fmt.printable_tree(report)  # user-controlled strings never reach the terminal raw
     node_label = fmt.printable(node_label) if node_label else node_label
     if view is None and run_dir is not None:
-        ev_names = [e["channel"] for a in report.get("anomalies", []) for e in a.get("evidence", [])]
+        ev_names = [e["channel"] for a in (report.get("anomalies") or []) +
+                    (report.get("observations") or []) for e in a.get("evidence", [])]
         view = load_view(run_dir, ev_names)
     out = _header(report, s, node_label)
     nodes = report["run"].get("nodes") or ["?"]
@@ -308,6 +344,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
         out += _hints({"anomalies": shown}, s, width)
     if report.get("status") == "partial":
         out.append(s(f"  (partial analysis: {report.get('status_reason')})", "yellow"))
+    out += _observations(report, view, s)
     out += _footnotes(report, s)
     return "\n".join(out) + "\n"
 

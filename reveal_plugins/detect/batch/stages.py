@@ -294,7 +294,7 @@ def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: Ev
             out.observations.append(o)
         else:
             kept.append(a)
-    own = sum(1 for o in out.observations if o["why_not_anomaly"].startswith(OWN_IO))
+    own = sum(1 for o in out.observations if o.get("reason") == "own_io")
     if own:
         out.notes.append(f"{own} event(s) were the run's own I/O (its checkpoints or data "
                          "loading, no process outside the run took part): observations in "
@@ -338,7 +338,7 @@ def brief(a: dict, cfg: DetectConfig) -> dict | None:
         return None
     return as_observation(a, f"brief: {a['end'] - a['start']:.0f} s of evidence, under "
                              f"min_anomaly_s ({cfg.min_anomaly_s:g} s), and the iterations "
-                             "did not slow down")
+                             "did not slow down", "brief")
 
 
 def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
@@ -385,14 +385,16 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
             e for e in ev if e["channel"] not in {f["channel"] for f in fsup}]
     families = [f for f, on in (("symptoms", bool(symp)), ("foreign", bool(fsup)),
                                 ("impact", slowed), ("baseline", from_baseline)) if on]
-    why = None
+    why = reason = None     # reason: a short code for what explains an observation
     own = None if fsup or from_baseline else attr.own_io(dev, observed, c_ref, P.names, hits,
                                                           cfg.min_deviation)
     if cfg.require_symptom and not families:
+        reason = "own_activity"
         why = ("activity changed, but nothing outside the run's own behaviour explains it: "
                "no pressure, stall, loss or throttling signal moved, no process outside the "
                "run took CPU, memory or I/O, and the iterations did not slow down")
     elif own:
+        reason = "own_io"
         why = (f"{OWN_IO}: {own}, and nothing outside the run took part; what it held back "
                "is the job's own I/O phase (a checkpoint, data loading), not the machine"
                + (f"; its iterations took {impact['iteration_time_pct']:+.0f} % meanwhile"
@@ -402,13 +404,14 @@ def judge(i: int, P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage,
             and not any(f.get("sustained") for f in fsup):
         # (foreign load held at an absolute level is no start-up: the job's own start-up runs
         # in the job, and a neighbour that was there first is the finding)
+        reason = "edge"
         why = ("contiguous with the start-up or teardown of the run/step (imports, data "
                "loading, rendezvous, exit): not a steady-state anomaly")
     if why:
         return Judgement("observation", {
             "start": s0, "end": s1, "subsystem": sub,
             "score": round(float(np.max(M.fused[rows])), 2), "evidence": ev[:5],
-            "why_not_anomaly": why})
+            "why_not_anomaly": why, "reason": reason})
     # The reported span: the windows where the evidence itself is out of bounds, not the
     # detectors' flags (a window that only overlaps the onset flags on its spread).
     # What bounds it: the foreign load when a neighbour is the finding, else the symptoms

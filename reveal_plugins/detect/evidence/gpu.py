@@ -652,7 +652,7 @@ def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: 
                       "their own" if named else "")
                    + f") moved alike at once ({metric}): the job's own phase (evaluation, "
                    "checkpoint, a barrier), not one GPU")
-            out.observations.append(as_observation(a, why))
+            out.observations.append(as_observation(a, why, "gpus_alike"))
             result.setdefault("shared", []).append({
                 "start": a["start"], "end": a["end"], "metric": metric, "gpus": list(gpus),
                 "text": why})
@@ -660,7 +660,7 @@ def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: 
         if named and not rest:
             why = ("explained by the GPU finding(s) on " + ", ".join(
                 f"GPU {g}" for g in named) + ", reported on their own with the GPU named")
-            out.observations.append(as_observation(a, why))
+            out.observations.append(as_observation(a, why, "gpu_named"))
             continue
         if len(moved) == 1:
             a.setdefault("gpu", _identity(ids, moved[0]))
@@ -668,8 +668,8 @@ def _judge_detector(anomalies: list[dict], gpu_found: list[dict], P, W, E, cfg: 
     return kept
 
 
-def as_observation(a: dict, why: str) -> dict:
-    """Anomaly ``a`` as an observation that says ``why`` it is none."""
+def as_observation(a: dict, why: str, reason: str) -> dict:
+    """Anomaly ``a`` as an observation that says ``why`` it is none (``reason``: its code)."""
     return {"start": a["start"], "end": a["end"], "subsystem": a.get("subsystem", "gpu"),
             "score": a.get("score", 0.0), "evidence": (a.get("evidence") or [])[:5],
-            "why_not_anomaly": why}
+            "why_not_anomaly": why, "reason": reason}
