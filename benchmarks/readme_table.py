@@ -295,6 +295,13 @@ def _reliability(d: dict) -> tuple[str, str, str]:
             f"no attack: ping p99 {f['baseline_p99_ms']:.1f} ms")
 
 
+def _exit_abort(d: dict) -> tuple[str, str, str]:
+    n, a = d["runs_per_side"], d["aborted"]
+    return (f"`reveal analyze` of a 90-s run, {n} times in {d['streams']} parallel streams: "
+            "aborted at exit", f"{a['current']} of {n}",
+            f"revision {d['reference']['given']}, interleaved: {a['reference']} of {n}")
+
+
 def _slurm_faults(d: dict) -> tuple[str, str, str]:
     f = d["figures"]
     return (f"hook faults on a real Slurm ({f['fault_kinds']} kinds × {len(f['modes'])} setups)",
@@ -425,6 +432,9 @@ ROWS = [
         {"": "benchmarks/reliability/results/*"}, _reliability,
         [f"python benchmarks/reliability/run.py --seconds 30 --kills 50 {_TEST}  # root"],
         {"": lambda d: d["header"].get("benchmark") == "reliability"}),
+    Row("`reveal analyze` aborted at exit", {"": "benchmarks/reliability/results/*"},
+        _exit_abort, [f"python benchmarks/reliability/exit_abort.py --runs 150 {_TEST}"],
+        {"": lambda d: d["header"].get("benchmark") == "exit_abort"}),
     Row("hook faults on a real Slurm", {"": "benchmarks/reliability/results/*"},
         _slurm_faults,
         [f"python benchmarks/reliability/slurm_faults.py --jobs 3 {_TEST}  # root"],

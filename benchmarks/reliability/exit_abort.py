@@ -63,7 +63,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.runs < 1 or args.streams < 1:
         ap.error("--runs and --streams must be >= 1")
-    bench = bench_results.begin("reliability", args.split)
+    bench = bench_results.begin("exit_abort", args.split)
     ref_rev = subprocess.run(["git", "-C", REPO, "rev-parse", args.reference],
                              capture_output=True, text=True, check=True).stdout.strip()
     tmp = tempfile.mkdtemp(prefix="reveal-abort-")
