@@ -433,7 +433,7 @@ ROWS = [
         [f"python benchmarks/reliability/run.py --seconds 30 --kills 50 {_TEST}  # root"],
         {"": lambda d: d["header"].get("benchmark") == "reliability"}),
     Row("`reveal analyze` aborted at exit", {"": "benchmarks/reliability/results/*"},
-        _exit_abort, [f"python benchmarks/reliability/exit_abort.py --runs 150 {_TEST}"],
+        _exit_abort, [f"python benchmarks/reliability/exit_abort.py --runs 100 {_TEST}"],
         {"": lambda d: d["header"].get("benchmark") == "exit_abort"}),
     Row("hook faults on a real Slurm", {"": "benchmarks/reliability/results/*"},
         _slurm_faults,
