@@ -259,6 +259,13 @@ def node_labels(reports: list[tuple[dict, str | None]]) -> list[str]:
             zip(hosts, reports)]
 
 
+def evidence_channels(report: dict) -> list[str]:
+    """Every channel an anomaly or an observation of ``report`` names as evidence (what a
+    renderer loads from the run's telemetry)."""
+    return [e["channel"] for a in (report.get("anomalies") or []) +
+            (report.get("observations") or []) for e in a.get("evidence") or []]
+
+
 def top_evidence(anomaly: dict, channels: dict[str, dict] | None = None,
                  n: int = 3) -> tuple[list[tuple[str, str, str]], int]:
     """The first ``n`` evidence lines and how many more channels moved.

@@ -219,6 +219,12 @@ def _bars(view: RunView) -> str:
     return f"<h3>Utilization</h3><table class='meta bars'>{body}</table>"
 
 
+def _evidence_html(rows: list[tuple[str, str, str]]) -> str:
+    """Evidence lines (channel, change, deviation) as one table cell."""
+    return "<br>".join(f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}</span>"
+                       for c, ch, z in rows)
+
+
 def _anomaly_table(rep: dict, view: RunView | None) -> str:
     anomalies = sorted(rep.get("anomalies") or [], key=lambda a: a["start"])
     if not anomalies:
@@ -228,10 +234,8 @@ def _anomaly_table(rep: dict, view: RunView | None) -> str:
     rows = []
     for n, a in enumerate(anomalies, 1):
         ev_rows, more = fmt.top_evidence(a, channels, 4)
-        ev_html = "<br>".join(
-            f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}</span>"
-            for c, ch, z in ev_rows) + (f"<br><span class='muted small'>+{more} more</span>"
-                                        if more else "")
+        ev_html = _evidence_html(ev_rows) + (f"<br><span class='muted small'>+{more} more</span>"
+                                             if more else "")
         impact = a.get("impact")
         if impact is None and view is not None:
             impact = views.iteration_impact(view.events, a["start"], a["end"])
@@ -265,9 +269,7 @@ def _observation_table(rep: dict, view: RunView | None) -> str:
     channels = view.channels if view else None
     rows = []
     for o in obs:
-        ev_rows, _ = fmt.top_evidence(o, channels, 2)
-        ev_html = "<br>".join(f"<code>{esc(c)}</code> {esc(ch)} <span class=muted>{esc(z)}"
-                              "</span>" for c, ch, z in ev_rows)
+        ev_html = _evidence_html(fmt.top_evidence(o, channels, 2)[0])
         rows.append(f"<tr><td>{esc(o.get('subsystem') or '?')}</td>"
                     f"<td>{fmt.offset(o['start'] - t0)} → {fmt.offset(o['end'] - t0)}</td>"
                     f"<td>{esc(o.get('why_not_anomaly') or '')}</td><td>{ev_html}</td></tr>")
@@ -339,10 +341,8 @@ def _verdict(rep: dict, view: RunView | None) -> str:
 
 def _section(rep: dict, run_dir: str | None, idx: int, progress: Progress,
              heading: bool, label: str | None = None) -> str:
-    ev = [e["channel"] for a in (rep.get("anomalies") or []) + (rep.get("observations") or [])
-          for e in a.get("evidence") or []]
     progress.update("loading telemetry")
-    view = load_view(run_dir, ev)
+    view = load_view(run_dir, fmt.evidence_channels(rep))
     node = label or (host_of(view.meta) if view else (rep["run"].get("nodes") or ["?"])[0])
     parts = [f"<section class=node id='node-{esc(node)}'>"]
     if heading:

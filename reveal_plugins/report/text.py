@@ -276,9 +276,7 @@ def render_text(report: dict, color: bool | None = None, run_dir: str | None = N
     report = fmt.printable_tree(report)  # user-controlled strings never reach the terminal raw
     node_label = fmt.printable(node_label) if node_label else node_label
     if view is None and run_dir is not None:
-        ev_names = [e["channel"] for a in (report.get("anomalies") or []) +
-                    (report.get("observations") or []) for e in a.get("evidence", [])]
-        view = load_view(run_dir, ev_names)
+        view = load_view(run_dir, fmt.evidence_channels(report))
     out = _header(report, s, node_label)
     nodes = report["run"].get("nodes") or ["?"]
     tel = report.get("telemetry", {})

@@ -9,7 +9,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import store
@@ -19,10 +18,7 @@ def last_sample_time(run_dir: str) -> float | None:
     """Time of the last sample in the newest readable segment (a torn one is skipped)."""
     for path in reversed(store.segment_paths(run_dir)):
         try:
-            fd, _ = store.open_regular(path, store.MAX_SEGMENT_BYTES, "segment",
-                                       nofollow_dir=True)
-            t = pq.read_table(pa.BufferReader(store.read_arrow_buffer(
-                fd, store.MAX_SEGMENT_BYTES)), columns=["t_ms"]).column("t_ms")
+            t = pq.read_table(store.segment_source(path), columns=["t_ms"]).column("t_ms")
         except Exception:
             continue
         if len(t):

@@ -136,6 +136,13 @@ def read_arrow_buffer(fd: int, max_bytes: int) -> pa.Buffer:
     return buf
 
 
+def segment_source(path: str) -> pa.BufferReader:
+    """A segment opened as every reader of one must (:func:`open_regular`, the segment bound,
+    ``segments/`` not a symlink), for :mod:`pyarrow.parquet`, in Arrow's memory."""
+    fd, _ = open_regular(path, MAX_SEGMENT_BYTES, "segment", nofollow_dir=True)
+    return pa.BufferReader(read_arrow_buffer(fd, MAX_SEGMENT_BYTES))
+
+
 def read_bounded(path: str, max_bytes: int, what: str = "file") -> tuple[bytes, os.stat_result]:
     """The content of ``path`` opened by :func:`open_regular` (at most ``max_bytes``)."""
     fd, st = open_regular(path, max_bytes, what)
@@ -414,8 +421,7 @@ def read_segment(path: str, names: list[str]) -> tuple[np.ndarray, np.ndarray]:
     dense result (samples x ``names``) before it is allocated, so a tiny crafted segment with
     millions of compressible ticks under a meta.json declaring thousands of channels cannot
     make the reader allocate gigabytes."""
-    fd, _ = open_regular(path, MAX_SEGMENT_BYTES, "segment", nofollow_dir=True)
-    pf = pq.ParquetFile(pa.BufferReader(read_arrow_buffer(fd, MAX_SEGMENT_BYTES)))
+    pf = pq.ParquetFile(segment_source(path))
     md = pf.metadata
     decoded = sum(md.row_group(i).column(j).total_uncompressed_size
                   for i in range(md.num_row_groups) for j in range(md.num_columns))
