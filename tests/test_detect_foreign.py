@@ -370,6 +370,45 @@ def test_neighbour_must_last_to_be_an_anomaly(seconds, found):
     assert [a["subsystem"] for a in det0.anomalies] == ["cpu"], det0.observations
 
 
+def _bursts(first, every, length, n):
+    starts = [first + k * every for k in range(n)]
+    return lambda x: 1.0 if any(s <= x < s + length for s in starts) else 0.0
+
+
+def test_a_neighbour_that_keeps_coming_back_is_one_anomaly():
+    """A neighbour that takes a core for 6 s of every 20 s (a restart loop, a periodic
+    batch) holds the job back for a third of the time, though no burst lasts
+    ``min_anomaly_s``: the bursts are one ``cpu`` anomaly from the first to the last, which
+    says how often they came; each on its own was let go as brief."""
+    t, v, ch = frame(foreign_cores=_bursts(30, 20, 6, 5), cores=4, seconds=160)
+    det = run(t, v, ch)
+    assert [a["subsystem"] for a in det.anomalies] == ["cpu"], (det.anomalies,
+                                                                 det.observations)
+    a = det.anomalies[0]
+    assert abs(a["start"] - T0 - 30) <= 3 and abs(a["end"] - T0 - 116) <= 3, a
+    rec = a["recurring"]
+    assert rec["bursts"] == 5 and abs(rec["every_s"] - 20) <= 2, rec
+    assert abs(rec["burst_s"] - 6) <= 3, rec
+    assert "5 bursts" in a["title"] and "every" in a["title"], a["title"]
+    assert any(e["channel"] == "cpu.foreign.cores" for e in a["evidence"]), a["evidence"]
+    assert not [o for o in det.observations if o.get("reason") == "brief"], det.observations
+    # the setting is the user's: asking for more bursts than came leaves them brief
+    det6 = run(t, v, ch, recurring_min_bursts=6)
+    assert det6.anomalies == [] and len(
+        [o for o in det6.observations if o.get("reason") == "brief"]) == 5, det6.anomalies
+
+
+def test_a_periodic_system_task_that_stays_short_is_no_anomaly():
+    """A monitoring or cron task that wakes for 4 s every 25 s fills under a quarter of its
+    span (``recurring_min_duty``): it does not matter to the job, and its bursts stay
+    observations, each "brief"."""
+    t, v, ch = frame(foreign_cores=_bursts(30, 25, 4, 5), cores=4, seconds=160)
+    det = run(t, v, ch)
+    assert det.anomalies == [], det.anomalies
+    assert len([o for o in det.observations if o.get("reason") == "brief"]) == 5, \
+        det.observations
+
+
 def test_page_cache_filler_is_named_by_its_memory_and_disk_not_its_cpu():
     """Issue 21 item 3: a neighbour takes a core for 24 s; it fills the page cache at
     400 MB/s for its first 8 s and those pages reach the disk over the next 16 s, and nothing

@@ -196,3 +196,19 @@ def test_anomaly_goes_to_the_innermost_step():
     assert by_id[gpu.parent.span_id] == "step 0"
     storage = next(s for s in spans if s.name == "anomaly storage")   # after step 1: in batch
     assert by_id[storage.parent.span_id] == "step batch"
+
+
+def test_recurring_bursts_reach_the_anomaly_span():
+    """An anomaly made of recurring bursts (``recurring`` and ``title`` as
+    ``detect.batch.stages.recurring`` writes them) carries both on its span."""
+    rep = make_otel_report(1)
+    an = dict(rep["anomalies"][0], subsystem="cpu",
+              title="recurring: 5 bursts of ~6 s, one every ~20 s (35 % of this span)",
+              recurring={"bursts": 5, "burst_s": 6.0, "every_s": 20.0, "duty_pct": 35})
+    an.pop("gpu", None)
+    rep["anomalies"] = [an]
+    by_name, _ = _exported(rep, make_otel_meta())
+    a = by_name["anomaly cpu"].attributes
+    assert a["reveal.anomaly.title"].startswith("recurring: 5 bursts")
+    assert a["reveal.anomaly.recurring.bursts"] == 5
+    assert a["reveal.anomaly.recurring.every_s"] == 20.0

@@ -108,6 +108,13 @@ class DetectConfig(BaseModel):
     min_anomaly_s: float = Field(10.0, ge=0, description="evidence shorter than this is an "
                                  "observation unless the iterations slowed (short-lived "
                                  "system work is no anomaly)")
+    recurring_min_bursts: int = Field(3, ge=2, description="brief anomalies of one "
+                                      "subsystem that come back at least this often (each "
+                                      "within 3 x min_anomaly_s of the last) are one anomaly")
+    recurring_min_duty: float = Field(0.25, gt=0, le=1, description="such bursts are joined "
+                                      "only when together they last min_anomaly_s and fill "
+                                      "at least this share of their span (a cron job's "
+                                      "seconds a minute do not)")
     stream_after_s: float = Field(3600.0, ge=0, description="runs longer than this are "
                                   "analysed from their feature store in bounded memory")
     fit_windows: int = Field(6000, ge=100, description="a streamed analysis fits its "

@@ -245,9 +245,13 @@ def anomaly_attributes(an: dict[str, Any], max_evidence: int) -> dict[str, Any]:
     _put(a, "reveal.anomaly.duration_s", float(an["end"]) - float(an["start"]))
     _put(a, "reveal.anomaly.node", an.get("node"))
     _put(a, "reveal.step.id", an.get("step_id"))
+    _put(a, "reveal.anomaly.title", an.get("title"))
+    rec = an.get("recurring")
+    if isinstance(rec, dict):   # bursts that came back (each brief) joined into one
+        for k in ("bursts", "burst_s", "every_s", "duty_pct"):
+            _put(a, f"reveal.anomaly.recurring.{k}", rec.get(k))
     g = an.get("gpu")
     if isinstance(g, dict):     # the GPU it is about (NVML index, identity, rank on it)
-        _put(a, "reveal.anomaly.title", an.get("title"))
         for k in ("index", "uuid", "pci_bus_id", "name", "rank"):
             _put(a, f"reveal.anomaly.gpu.{k}", g.get(k))
         if isinstance(an.get("peers"), dict):

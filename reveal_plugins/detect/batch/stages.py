@@ -287,19 +287,69 @@ def conclude(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: Ev
     with warnings.catch_warnings():    # GPU invariants and each GPU against its siblings
         warnings.simplefilter("ignore", RuntimeWarning)
         anomalies = gpu_findings(P, W, E, cfg, meta, events, anomalies, out)
-    kept = []
+    kept, briefs = [], []
     for a in anomalies:     # the GPU invariants' own findings (an XID, ECC) are never brief
         o = brief(a, cfg) if id(a) in judged else None
         if o:
-            out.observations.append(o)
+            briefs.append((a, o))
         else:
             kept.append(a)
+    joined, let_go = recurring(briefs, cfg)
+    kept += joined
+    out.observations += let_go
     own = sum(1 for o in out.observations if o.get("reason") == "own_io")
     if own:
         out.notes.append(f"{own} event(s) were the run's own I/O (its checkpoints or data "
                          "loading, no process outside the run took part): observations in "
                          "report.json, not anomalies")
     set_anomalies(out, kept, weak, cfg)
+
+
+def recurring(briefs: list[tuple[dict, dict]], cfg: DetectConfig
+              ) -> tuple[list[dict], list[dict]]:
+    """Brief anomalies (each with its observation) -> ``(anomalies, observations)``: bursts of
+    one subsystem that keep coming back are one anomaly.  A neighbour that takes a core for
+    6 s of every 20 s holds the job back for a third of the time, though no burst lasts
+    ``min_anomaly_s``.  A chain of bursts, each starting within ``3 x min_anomaly_s`` of the
+    last one's end, is joined when it has ``recurring_min_bursts`` bursts that last
+    ``min_anomaly_s`` together and fill ``recurring_min_duty`` of its span (a cron job's
+    few seconds a minute stay brief).  The joined anomaly keeps the strongest burst's
+    evidence and hints and says how often the bursts came (``recurring``)."""
+    max_gap = 3.0 * cfg.min_anomaly_s
+    chains: list[list[tuple[dict, dict]]] = []
+    for sub in sorted({a["subsystem"] for a, _ in briefs}):
+        for a, o in sorted(((a, o) for a, o in briefs if a["subsystem"] == sub),
+                           key=lambda p: p[0]["start"]):
+            if chains and chains[-1][0][0]["subsystem"] == sub \
+                    and a["start"] - max(b["end"] for b, _ in chains[-1]) <= max_gap:
+                chains[-1].append((a, o))
+            else:
+                chains.append([(a, o)])
+    # a burst's windows overhang it by a window less a stride (a 4-s burst spans 6 s)
+    smear = max(0.0, cfg.window_s - cfg.stride_s)
+    joined, let_go = [], []
+    for ch in chains:
+        bursts = [a for a, _ in ch]
+        s0, s1 = bursts[0]["start"], max(a["end"] for a in bursts)
+        lengths = [max(cfg.stride_s, a["end"] - a["start"] - smear) for a in bursts]
+        lasted = sum(lengths)
+        if (len(bursts) < cfg.recurring_min_bursts or lasted < cfg.min_anomaly_s
+                or lasted < cfg.recurring_min_duty * max(s1 - s0 - smear, lasted)):
+            let_go += [o for _, o in ch]
+            continue
+        top = max(bursts, key=lambda a: a["score"])
+        every = float(np.median(np.diff([a["start"] for a in bursts])))
+        each = float(np.median(lengths))
+        an = dict(top, start=s0, end=s1, windows=sum(int(a.get("windows", 0)) for a in bursts),
+                  families=list(dict.fromkeys(f for a in bursts for f in a.get("families", ()))))
+        an["recurring"] = {"bursts": len(bursts), "burst_s": round(each, 1),
+                           "every_s": round(every, 1),
+                           "duty_pct": round(100.0 * lasted / max(s1 - s0 - smear, lasted))}
+        an["title"] = (f"recurring: {len(bursts)} bursts of ~{each:.0f} s, one every "
+                       f"~{every:.0f} s ({an['recurring']['duty_pct']} % of this span); "
+                       "each alone too brief to report")
+        joined.append(an)
+    return joined, let_go
 
 
 def judge_all(P: Prepared, W: WindowStage, M: ModelStage, B: BaselineStage, E: EventStage,
