@@ -203,6 +203,32 @@ def _detection(d: dict) -> tuple[str, str, str]:
     return what, fig, "; ".join(parts)
 
 
+def _injected(d: dict) -> int:
+    return sum(int((d.get(s) or {}).get("reveal", {}).get("injections") or 0)
+               for s in ("test", "dev"))
+
+
+def _long_clean(d: dict) -> tuple[str, str, str]:
+    """One clean run longer than ``stream_after_s`` (an hour): the streamed analysis of a
+    job with its own eval and checkpoint phases, nothing injected."""
+    split = "test" if "test" in d else "dev"
+    r, run = d[split]["reveal"], d["runs"][0]
+    what = (f"detection, one clean training run of {r['clean_hours']:.2f} h, nothing injected "
+            f"({run.get('victim', '?')} victim: its own eval and checkpoint phases; analysed "
+            f"{'streamed from its feature store' if run.get('streamed') else 'in memory'}; "
+            f"seed {d.get('seed')}; {split} split)")
+    fig = (f"{len(run['found'])} false events ({_med(r['false_events_per_clean_hour'])} per "
+           f"clean hour, 95 % bound {_med(r['false_events_per_clean_hour_95ub'])}), "
+           f"{len(run.get('observations') or [])} observations; analysis "
+           f"{run['analysis_s']:.0f} s")
+    refs = {k: v for k, v in d[split].items() if k.startswith("reference_")
+            and not k.startswith("reference_pipeline_")}
+    ref = ", ".join(f"{_ref_name(k)} {v['false_events_per_clean_hour']:.0f}"
+                    for k, v in refs.items() if v.get("false_events_per_clean_hour") is not None)
+    return what, fig, (f"per-sample detectors alone, false events per clean hour: {ref}"
+                       if ref else "")
+
+
 def _perf(d: dict) -> tuple[str, str, str]:
     r = [x for x in d["rows"] if x["minutes"] == 60][0]
     ref = (f"1×IsolationForest: {r['reference_seconds']:.1f} s, "
@@ -405,7 +431,13 @@ ROWS = [
         ["python benchmarks/detection/run.py --split dev --out DIR  # tune on dev",
          f"python benchmarks/detection/run.py {_TEST} --seed FRESH_SEED --out DIR  "
          f"# once, on the final code"],
-        {"": lambda d: "test" in d or "dev" in d}),
+        {"": lambda d: _injected(d) > 0}),
+    Row("detection, one clean training run longer than an hour",
+        {"": "benchmarks/detection/results/detection-*.json"}, _long_clean,
+        [f"python benchmarks/detection/run.py {_TEST} --seconds 3800 --extra-clean 4 "
+         "--seed FRESH_SEED --only test-xcleanFRESH_SEED-03-phases --out DIR"],
+        {"": lambda d: _injected(d) == 0 and len(d.get("runs") or []) == 1
+         and d["runs"][0].get("duration_s", 0) > 3600}),
     Row("analysis of 1 h × 688 channels at 10 Hz",
         {"": "benchmarks/detection/results/perf-*.json"}, _perf,
         [f"python benchmarks/detection/perf.py --minutes 60 --reference {_TEST}"],

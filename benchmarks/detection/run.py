@@ -315,7 +315,10 @@ def evaluate(run_dir: str) -> tuple[dict, dict, dict]:
     refs = {k: dict(base, events=v) for k, v in reference_detectors(run_dir).items()}
     refs.update({f"pipeline_{k}": dict(base, events=v)
                  for k, v in pipeline_references(run_dir).items()})
-    info = {"name": sc["name"], "analysis_s": round(secs, 2), "live_update_max_s": round(worst, 3),
+    info = {"name": sc["name"], "victim": sc.get("victim"),
+            "duration_s": round(rep["run"]["end"] - rep["run"]["start"], 1),
+            "streamed": bool((rep.get("analysis") or {}).get("streamed")),
+            "analysis_s": round(secs, 2), "live_update_max_s": round(worst, 3),
             "found": [(round(a["start"] - rep["run"]["start"], 1),
                        round(a["end"] - rep["run"]["start"], 1), a["subsystem"],
                        a["hints"][0]["title"] if a["hints"] else "") for a in rep["anomalies"]],
