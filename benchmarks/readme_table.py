@@ -208,6 +208,11 @@ def _injected(d: dict) -> int:
                for s in ("test", "dev"))
 
 
+def _seed_of(name: str) -> str:
+    m = re.search(r"xclean(\d+)-", name)     # a rescored run keeps its seed in its name
+    return m.group(1) if m else "?"
+
+
 def _long_clean(d: dict) -> tuple[str, str, str]:
     """One clean run longer than ``stream_after_s`` (an hour): the streamed analysis of a
     job with its own eval and checkpoint phases, nothing injected."""
@@ -216,7 +221,7 @@ def _long_clean(d: dict) -> tuple[str, str, str]:
     what = (f"detection, one clean training run of {r['clean_hours']:.2f} h, nothing injected "
             f"({run.get('victim', '?')} victim: its own eval and checkpoint phases; analysed "
             f"{'streamed from its feature store' if run.get('streamed') else 'in memory'}; "
-            f"seed {d.get('seed')}; {split} split)")
+            f"seed {d.get('seed') or _seed_of(run['name'])}; {split} split)")
     fig = (f"{len(run['found'])} false events ({_med(r['false_events_per_clean_hour'])} per "
            f"clean hour, 95 % bound {_med(r['false_events_per_clean_hour_95ub'])}), "
            f"{len(run.get('observations') or [])} observations; analysis "
