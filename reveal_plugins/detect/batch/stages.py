@@ -317,14 +317,12 @@ def recurring(briefs: list[tuple[dict, dict]], cfg: DetectConfig
     evidence and hints and says how often the bursts came (``recurring``)."""
     max_gap = 3.0 * cfg.min_anomaly_s
     chains: list[list[tuple[dict, dict]]] = []
-    for sub in sorted({a["subsystem"] for a, _ in briefs}):
-        for a, o in sorted(((a, o) for a, o in briefs if a["subsystem"] == sub),
-                           key=lambda p: p[0]["start"]):
-            if chains and chains[-1][0][0]["subsystem"] == sub \
-                    and a["start"] - max(b["end"] for b, _ in chains[-1]) <= max_gap:
-                chains[-1].append((a, o))
-            else:
-                chains.append([(a, o)])
+    for a, o in sorted(briefs, key=lambda p: (p[0]["subsystem"], p[0]["start"])):
+        if chains and chains[-1][0][0]["subsystem"] == a["subsystem"] \
+                and a["start"] - max(b["end"] for b, _ in chains[-1]) <= max_gap:
+            chains[-1].append((a, o))
+        else:
+            chains.append([(a, o)])
     # a burst's windows overhang it by a window less a stride (a 4-s burst spans 6 s)
     smear = max(0.0, cfg.window_s - cfg.stride_s)
     joined, let_go = [], []
@@ -333,8 +331,9 @@ def recurring(briefs: list[tuple[dict, dict]], cfg: DetectConfig
         s0, s1 = bursts[0]["start"], max(a["end"] for a in bursts)
         lengths = [max(cfg.stride_s, a["end"] - a["start"] - smear) for a in bursts]
         lasted = sum(lengths)
+        span = max(s1 - s0 - smear, lasted)
         if (len(bursts) < cfg.recurring_min_bursts or lasted < cfg.min_anomaly_s
-                or lasted < cfg.recurring_min_duty * max(s1 - s0 - smear, lasted)):
+                or lasted < cfg.recurring_min_duty * span):
             let_go += [o for _, o in ch]
             continue
         top = max(bursts, key=lambda a: a["score"])
@@ -344,7 +343,7 @@ def recurring(briefs: list[tuple[dict, dict]], cfg: DetectConfig
                   families=list(dict.fromkeys(f for a in bursts for f in a.get("families", ()))))
         an["recurring"] = {"bursts": len(bursts), "burst_s": round(each, 1),
                            "every_s": round(every, 1),
-                           "duty_pct": round(100.0 * lasted / max(s1 - s0 - smear, lasted))}
+                           "duty_pct": round(100.0 * lasted / span)}
         an["title"] = (f"recurring: {len(bursts)} bursts of ~{each:.0f} s, one every "
                        f"~{every:.0f} s ({an['recurring']['duty_pct']} % of this span); "
                        "each alone too brief to report")
